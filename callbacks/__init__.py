@@ -1,0 +1,6 @@
+"""Reporting callbacks: one concern per file, the arithmetic in plain classes the callbacks call."""
+
+from callbacks.memory import PeakMemory
+from callbacks.throughput import ThroughputReport
+
+__all__ = ["PeakMemory", "ThroughputReport"]

@@ -1,0 +1,182 @@
+"""Images/sec and cumulative training time per epoch, measured over all ranks, validation excluded.
+
+Lightning's ``ThroughputMonitor`` reports rank 0's rate × world size, which
+assumes every rank is as fast as rank 0. Here each rank times its own training
+(device synchronised before every clock read at epoch and validation
+boundaries), the counts are gathered, and the global rate is all images of all
+ranks over the slowest rank's training time: what a user waits for.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+@dataclass
+class EpochTiming:
+    """One rank's training epoch: images seen and seconds spent (validation excluded)."""
+
+    images: int = 0
+    seconds: float = 0.0
+    data_wait_s: float = 0.0  # host time between the end of one step and the start of the next
+    compute_s: float = 0.0  # host time inside the step (forward, backward, optimizer)
+
+
+class EpochClock:
+    """Times one rank's training epochs; pausable so validation does not count. Clock injectable for tests."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.timing = EpochTiming()
+        self._epoch_start: Optional[float] = None
+        self._paused_at: Optional[float] = None
+        self._paused_s = 0.0
+        self._last_mark: Optional[float] = None
+        self._batch_start: Optional[float] = None
+
+    def start_epoch(self) -> None:
+        self.timing = EpochTiming()
+        self._epoch_start = self._last_mark = self.clock()
+        self._paused_s = 0.0
+        self._paused_at = None
+
+    def start_batch(self) -> None:
+        now = self.clock()
+        self.timing.data_wait_s += now - self._last_mark
+        self._batch_start = now
+
+    def end_batch(self, images: int) -> None:
+        now = self.clock()
+        self.timing.compute_s += now - self._batch_start
+        self.timing.images += images
+        self._last_mark = now
+
+    def pause(self) -> None:
+        if self._epoch_start is not None and self._paused_at is None:
+            self._paused_at = self.clock()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            now = self.clock()
+            self._paused_s += now - self._paused_at
+            self._last_mark = now  # time in validation is not data-wait either
+            self._paused_at = None
+
+    def end_epoch(self) -> EpochTiming:
+        now = self._paused_at if self._paused_at is not None else self.clock()
+        self.timing.seconds = now - self._epoch_start - self._paused_s
+        self._epoch_start = None
+        return self.timing
+
+
+@dataclass
+class GlobalThroughput:
+    images_per_sec: float
+    images_per_sec_per_device: float
+    epoch_s: float
+    data_wait_s: float
+    compute_s: float
+
+
+def combine_ranks(timings: List[EpochTiming]) -> GlobalThroughput:
+    """All ranks' images over the slowest rank's time; data-wait and compute are rank means."""
+    n = len(timings)
+    images = sum(t.images for t in timings)
+    seconds = max(t.seconds for t in timings)
+    rate = images / seconds if seconds > 0 else 0.0
+    return GlobalThroughput(
+        images_per_sec=rate,
+        images_per_sec_per_device=rate / n,
+        epoch_s=seconds,
+        data_wait_s=sum(t.data_wait_s for t in timings) / n,
+        compute_s=sum(t.compute_s for t in timings) / n,
+    )
+
+
+def format_epoch_line(epoch: int, cumulative_s: float, images_per_sec: float, val_loss, val_acc) -> str:
+    """The DLI workshop's per-epoch line, so figures can be compared with the course's."""
+
+    def num(value) -> str:
+        return "n/a" if value is None else f"{float(value):.3f}"
+
+    return (
+        f"Epoch {epoch}: Cumulative Time = {cumulative_s:.3f}, Images/sec = {images_per_sec:.2f}, "
+        f"Val Loss = {num(val_loss)}, Val Acc = {num(val_acc)}"
+    )
+
+
+class ThroughputReport(Callback):
+    """Prints the workshop's epoch line on rank 0 and logs throughput and timing scalars.
+
+    Logged: ``throughput/images_per_sec`` (all ranks), ``throughput/images_per_sec_per_device``,
+    ``time/epoch_s`` and ``time/cumulative_s`` (training only), ``time/data_wait_s`` and
+    ``time/compute_s`` (per epoch, mean over ranks).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = EpochClock(clock)
+        self.cumulative_s = 0.0
+
+    @staticmethod
+    def _sync(trainer: Trainer) -> None:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._sync(trainer)
+        self.clock.start_epoch()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        self.clock.start_batch()
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self.clock.end_batch(len(batch[1]))
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.training:
+            self._sync(trainer)
+            self.clock.pause()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.training:
+            self._sync(trainer)
+            self.clock.resume()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._sync(trainer)
+        mine = self.clock.end_epoch()
+        local = torch.tensor(
+            [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s], dtype=torch.float64
+        )
+        gathered = trainer.strategy.all_gather(local.to(trainer.strategy.root_device)).cpu().reshape(-1, 4)
+        result = combine_ranks([EpochTiming(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in gathered])
+        self.cumulative_s += result.epoch_s
+        metrics = {
+            "throughput/images_per_sec": result.images_per_sec,
+            "throughput/images_per_sec_per_device": result.images_per_sec_per_device,
+            "time/epoch_s": result.epoch_s,
+            "time/cumulative_s": self.cumulative_s,
+            "time/data_wait_s": result.data_wait_s,
+            "time/compute_s": result.compute_s,
+        }
+        for name, value in metrics.items():
+            pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
+        if trainer.is_global_zero:
+            logged = trainer.callback_metrics
+            line = format_epoch_line(
+                trainer.current_epoch + 1,
+                self.cumulative_s,
+                result.images_per_sec,
+                logged.get("val/loss"),
+                logged.get("val/acc"),
+            )
+            print(line, flush=True)
+
+    def state_dict(self) -> dict:
+        return {"cumulative_s": self.cumulative_s}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.cumulative_s = state_dict.get("cumulative_s", 0.0)

@@ -1,0 +1,186 @@
+"""Fashion-MNIST as a LightningDataModule: files, splits, distributed sampling and fast batches.
+
+torchvision's ``FashionMNIST`` reads (and, with network, downloads) the IDX
+files; after that the whole split is one uint8 tensor in memory and a batch is a
+single index gather, so no step pays for 128 PIL conversions. Pixels stay uint8
+until the batch is on the device, where it is normalised in one operation.
+"""
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Tuple
+
+import torch
+from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning.pytorch import LightningDataModule
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, Dataset
+from torchvision.datasets import FashionMNIST
+
+DATA_DIR_ENV = "FASHION_MNIST_DIR"
+# Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
+PIXEL_MEAN = 0.2860
+PIXEL_STD = 0.3530
+RAW_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+class DataNotFoundError(FileNotFoundError):
+    """The IDX files are missing and could not be downloaded; the message says where and what to do."""
+
+
+def default_data_dir() -> str:
+    """``$FASHION_MNIST_DIR`` if set, else ``./data``."""
+    return os.environ.get(DATA_DIR_ENV) or "data"
+
+
+def torchvision_root(data_dir: str) -> Path:
+    """The folder torchvision expects (it holds ``FashionMNIST/raw``), also when given that folder or ``raw`` itself."""
+    path = Path(data_dir).expanduser()
+    if path.name == "raw" and path.parent.name == FashionMNIST.__name__:
+        return path.parent.parent
+    if path.name == FashionMNIST.__name__:
+        return path.parent
+    return path
+
+
+class InMemoryImages(Dataset):
+    """Images (N×28×28 uint8) and labels held as tensors; ``__getitems__`` serves a whole batch in one gather."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
+        self.images = images.unsqueeze(1).contiguous()  # N×1×28×28, still uint8
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.images[index], self.targets[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        index = torch.as_tensor(indices)
+        return self.images[index], self.targets[index]
+
+
+def already_batched(batch: Batch) -> Batch:
+    """``collate_fn`` for :class:`InMemoryImages`: ``__getitems__`` has already built the batch."""
+    return batch
+
+
+class FashionMNISTDataModule(LightningDataModule):
+    """Fashion-MNIST: 60,000 training images, validation and test on the 10,000-image test split.
+
+    Args:
+        data_dir: Folder holding ``FashionMNIST/raw`` (torchvision's layout). Default:
+            ``$FASHION_MNIST_DIR``, else ``./data``.
+        batch_size: Images per device per step. The effective batch is this × devices ×
+            nodes × accumulate_grad_batches.
+        eval_batch_size: Images per device per validation/test step (does not change results).
+        num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather.
+        download: Download the files when missing (needs network).
+    """
+
+    def __init__(
+        self,
+        data_dir: Optional[str] = None,
+        batch_size: PositiveInt = 128,
+        eval_batch_size: PositiveInt = 1000,
+        num_workers: NonNegativeInt = 0,
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_dir = data_dir or default_data_dir()
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.download = download
+        self.train_set: Optional[InMemoryImages] = None
+        self.test_set: Optional[InMemoryImages] = None
+
+    @property
+    def raw_folder(self) -> Path:
+        return torchvision_root(self.data_dir) / FashionMNIST.__name__ / "raw"
+
+    def missing_files(self) -> list:
+        return [name for name in RAW_FILES if not (self.raw_folder / name).is_file()]
+
+    def prepare_data(self) -> None:
+        """Runs once per node (local rank 0): download when files are missing and download is allowed."""
+        missing = self.missing_files()
+        if not missing:
+            return
+        reason = "download is disabled (--data.download false)"
+        if self.download:
+            try:
+                for train in (True, False):
+                    FashionMNIST(str(torchvision_root(self.data_dir)), train=train, download=True)
+                return
+            except Exception as error:  # torchvision raises RuntimeError/URLError/OSError per mirror
+                reason = f"download failed ({type(error).__name__}: {' '.join(str(error).split())[:200]})"
+        raise DataNotFoundError(
+            f"Fashion-MNIST not found in {self.raw_folder.resolve()}: missing {', '.join(missing)} and {reason}. "
+            f"Put the four IDX files ({', '.join(RAW_FILES)}) there, or point --data.data_dir "
+            f"or ${DATA_DIR_ENV} at a folder that holds FashionMNIST/raw."
+        )
+
+    def setup(self, stage: str) -> None:
+        """Every rank reads the IDX files into memory (47 MB for the training split)."""
+        if self.missing_files():
+            # prepare_data ran on another node's file system, or not at all (e.g. validate without fit).
+            self.download = False
+            self.prepare_data()
+        root = str(torchvision_root(self.data_dir))
+        if stage == "fit" and self.train_set is None:
+            train = FashionMNIST(root, train=True, download=False)
+            self.train_set = InMemoryImages(train.data, train.targets)
+        if self.test_set is None:
+            test = FashionMNIST(root, train=False, download=False)
+            self.test_set = InMemoryImages(test.data, test.targets)
+
+    def _loader(self, dataset: InMemoryImages, batch_size: int, shuffle: bool, sampler=None) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle if sampler is None else False,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            collate_fn=already_batched,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        # Under ddp/fsdp Lightning swaps in a DistributedSampler (disjoint shards, reshuffled each epoch).
+        return self._loader(self.train_set, self.batch_size, shuffle=True)
+
+    def _eval_loader(self) -> DataLoader:
+        """Each test image is evaluated exactly once, whatever the world size (no padded duplicates)."""
+        sampler = None
+        trainer = self.trainer
+        if trainer is not None and trainer.world_size > 1:
+            sampler = UnrepeatedDistributedSampler(
+                self.test_set, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
+            )
+        return self._loader(self.test_set, self.eval_batch_size, shuffle=False, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
+        """Normalise on the device, after the (4× smaller) uint8 batch has been copied there."""
+        images, targets = batch
+        images = images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
+        return images, targets

@@ -1,0 +1,189 @@
+"""FashionMNISTClassifier: the network, its loss and metrics, and the optimizer for the effective batch."""
+
+import math
+from functools import partial
+from typing import Any, Dict, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric
+from torchmetrics.classification import MulticlassAccuracy
+
+from lightning_modules.networks import NUM_CLASSES, build_network
+from lightning_modules.optim import (
+    OptimizerName,
+    ScalingRule,
+    ScheduleName,
+    build_optimizer,
+    effective_batch_size,
+    lr_factor,
+    param_groups,
+    scale_lr,
+)
+
+
+class FashionMNISTClassifier(LightningModule):
+    """Cross-entropy classifier whose learning rate follows the effective batch.
+
+    Args:
+        network: ``cnn`` (small, fast on CPU), ``wrn`` (the DLI workshop's WideResNet) or ``resnet18``.
+        optimizer: ``sgd`` (see momentum, nesterov), ``adamw``, ``novograd``, ``lamb`` or ``lars``.
+        base_lr: Learning rate known to work at ``base_batch_size``.
+        base_batch_size: Batch that ``base_lr`` was tuned for. Default: the per-device batch,
+            i.e. base_lr is the single-device recipe's learning rate.
+        lr_scaling: How the learning rate follows the effective batch: ``none``, ``linear`` or ``sqrt``.
+        warmup_epochs: Epochs (fractions allowed) over which the learning rate climbs from base_lr
+            to the scaled lr, stepped per optimizer step.
+        schedule: After warm-up: ``constant``, ``cosine`` (to zero at the last step) or ``step``.
+        lr_step_epochs: For ``step``: epochs between decays.
+        lr_gamma: For ``step``: factor applied at each decay.
+        momentum: Momentum for ``sgd`` and ``lars``.
+        nesterov: Nesterov momentum for ``sgd`` and ``lars`` (needs momentum > 0).
+        weight_decay: Decoupled for adamw, L2 otherwise; never applied to biases or norm weights.
+        label_smoothing: Cross-entropy label smoothing.
+    """
+
+    def __init__(
+        self,
+        network: Literal["cnn", "wrn", "resnet18"] = "cnn",
+        optimizer: OptimizerName = "sgd",
+        base_lr: PositiveFloat = 0.05,
+        base_batch_size: Optional[PositiveInt] = None,
+        lr_scaling: ScalingRule = "linear",
+        warmup_epochs: NonNegativeFloat = 0.0,
+        schedule: ScheduleName = "constant",
+        lr_step_epochs: PositiveFloat = 10.0,
+        lr_gamma: PositiveFloat = 0.1,
+        momentum: NonNegativeFloat = 0.9,
+        nesterov: bool = False,
+        weight_decay: NonNegativeFloat = 5e-4,
+        label_smoothing: NonNegativeFloat = 0.0,
+    ) -> None:
+        super().__init__()
+        if nesterov and momentum <= 0:
+            raise MisconfigurationException("model.nesterov=true needs model.momentum > 0 (e.g. --model.momentum 0.9)")
+        if not math.isfinite(base_lr):
+            raise MisconfigurationException(f"model.base_lr must be a finite number > 0, got {base_lr}")
+        self.save_hyperparameters()
+        self.net = build_network(network, NUM_CLASSES)
+        self.val_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
+        self.val_loss = MeanMetric()
+        self.test_loss = MeanMetric()
+        self.run_summary: Dict[str, Any] = {}
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.net(images)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        images, targets = batch
+        loss = F.cross_entropy(self(images), targets, label_smoothing=self.hparams.label_smoothing)
+        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=len(targets))
+        return loss
+
+    def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> None:
+        images, targets = batch
+        logits = self(images)
+        # Summed per image and synced by torchmetrics at epoch end: exact for any world size.
+        mean_loss.update(F.cross_entropy(logits, targets), weight=len(targets))
+        accuracy.update(logits, targets)
+        self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
+        self.log(f"{stage}/acc", accuracy, on_step=False, on_epoch=True)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.val_acc, self.val_loss, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch, self.test_acc, self.test_loss, "test")
+
+    def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
+        return self(batch[0]).argmax(dim=1)
+
+    # ------------------------------------------------------------------ optimizer and learning rate
+
+    def _per_device_batch(self) -> int:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "batch_size"):
+            return int(datamodule.batch_size)
+        return int(self.trainer.train_dataloader.batch_size)
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        trainer = self.trainer
+        per_device = self._per_device_batch()
+        effective = effective_batch_size(per_device, trainer.num_devices, trainer.num_nodes, trainer.accumulate_grad_batches)
+        base_batch = hp.base_batch_size or per_device
+        lr = scale_lr(hp.base_lr, base_batch, effective, hp.lr_scaling)
+
+        total_steps = int(trainer.estimated_stepping_batches) if math.isfinite(trainer.estimated_stepping_batches) else 0
+        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        steps_per_epoch = max(1, total_steps // epochs) if epochs and total_steps else 1
+        warmup_steps = round(hp.warmup_epochs * steps_per_epoch)
+
+        optimizer = build_optimizer(
+            hp.optimizer, param_groups(self, hp.weight_decay), lr=lr, momentum=hp.momentum, nesterov=hp.nesterov
+        )
+        factor = partial(
+            lr_factor,
+            warmup_steps=warmup_steps,
+            warmup_start_factor=hp.base_lr / lr,
+            total_steps=total_steps,
+            schedule=hp.schedule,
+            step_size=max(1, round(hp.lr_step_epochs * steps_per_epoch)),
+            gamma=hp.lr_gamma,
+        )
+        strategy = trainer.strategy
+        backend = getattr(strategy, "process_group_backend", None) or "none"
+        self.run_summary = {
+            "world_size": trainer.world_size,
+            "devices": trainer.num_devices,
+            "num_nodes": trainer.num_nodes,
+            "accelerator": type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
+            "strategy": getattr(strategy, "strategy_name", type(strategy).__name__),
+            "backend": backend,
+            "batch_size_per_device": per_device,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "effective_batch_size": effective,
+            "base_batch_size": base_batch,
+            "base_lr": hp.base_lr,
+            "lr_scaling": hp.lr_scaling,
+            "scaled_lr": lr,
+            "warmup_steps": warmup_steps,
+            "steps_per_epoch": steps_per_epoch,
+            "schedule": hp.schedule,
+            "optimizer": hp.optimizer,
+        }
+        rank_zero_info(format_run_summary(self.run_summary))
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"},
+        }
+
+    def on_train_start(self) -> None:
+        """Add the derived run facts (world size, effective batch, scaled lr...) to the logged hyperparameters."""
+        if self.logger is not None:
+            self.logger.log_hyperparams({**self.hparams, **self.run_summary})
+
+
+def format_run_summary(summary: Dict[str, Any]) -> str:
+    """The block rank 0 prints before training: the numbers users otherwise have to derive by hand."""
+    s = summary
+    return "\n".join(
+        [
+            "Run configuration",
+            f"  world size      : {s['world_size']} ({s['devices']} device(s) x {s['num_nodes']} node(s), "
+            f"{s['accelerator']}, strategy {s['strategy']}, backend {s['backend']})",
+            f"  batch           : {s['batch_size_per_device']} per device x {s['devices']} x {s['num_nodes']} "
+            f"x accumulate {s['accumulate_grad_batches']} = effective {s['effective_batch_size']}",
+            f"  learning rate   : base {s['base_lr']:g} at batch {s['base_batch_size']} -> {s['scaled_lr']:g} "
+            f"({s['lr_scaling']} scaling)",
+            f"  warm-up         : {s['warmup_steps']} optimizer steps ({s['steps_per_epoch']} per epoch), "
+            f"then {s['schedule']}",
+            f"  optimizer       : {s['optimizer']}",
+        ]
+    )

@@ -1,0 +1,104 @@
+"""Plain ``nn.Module`` networks for 1×28×28 images; nothing here imports Lightning.
+
+``cnn`` is the default: small enough to train a useful model on a laptop CPU in
+minutes. ``wrn`` is the NVIDIA DLI workshop's hand-written WideResNet (17 M
+parameters), so its figures can be compared with the course's. ``resnet18`` is
+torchvision's ResNet-18 with its stem adapted to 28×28 grey-scale input.
+"""
+
+from typing import Callable, Dict
+
+import torch
+from torch import nn
+
+NUM_CLASSES = 10
+
+
+def small_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """Two conv-BN-ReLU stages and a small head: ~0.4 M parameters, ~91-92 % in 3 epochs."""
+
+    def stage(c_in: int, c_out: int) -> nn.Sequential:
+        return nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(c_out, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+
+    return nn.Sequential(
+        stage(1, 32),  # 28 -> 14
+        stage(32, 64),  # 14 -> 7
+        nn.Flatten(),
+        nn.Dropout(0.25),
+        nn.Linear(64 * 7 * 7, 128),
+        nn.ReLU(inplace=True),
+        nn.Linear(128, num_classes),
+    )
+
+
+def _cbr(c_in: int, c_out: int) -> nn.Sequential:
+    """The workshop's ``cbrblock``: conv 3×3 (no bias) → batch-norm → ReLU."""
+    return nn.Sequential(
+        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+        nn.BatchNorm2d(c_out),
+        nn.ReLU(inplace=True),
+    )
+
+
+class _WideBlock(nn.Module):
+    """The workshop's ``conv_block``: cbr → dropout → cbr, plus a 1×1 projection when widths differ."""
+
+    def __init__(self, c_in: int, c_out: int, dropout: float = 0.01) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_cbr(c_in, c_out), nn.Dropout(dropout), _cbr(c_out, c_out))
+        self.shortcut = nn.Conv2d(c_in, c_out, 1, bias=False) if c_in != c_out else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.shortcut(x)
+
+
+def wide_resnet(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """The DLI course's WideResNet: channels 16/160/320/640, two blocks per stage (~17 M parameters)."""
+    return nn.Sequential(
+        _cbr(1, 16),
+        _WideBlock(16, 160),
+        _WideBlock(160, 160),
+        nn.MaxPool2d(2),  # 28 -> 14
+        _WideBlock(160, 320),
+        _WideBlock(320, 320),
+        nn.MaxPool2d(2),  # 14 -> 7
+        _WideBlock(320, 640),
+        _WideBlock(640, 640),
+        nn.AvgPool2d(7),
+        nn.Flatten(),
+        nn.Linear(640, num_classes),
+    )
+
+
+def resnet18(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """torchvision ResNet-18 with a 3×3 stride-1 stem and no max-pool, for 1×28×28 input."""
+    from torchvision.models import resnet18 as tv_resnet18
+
+    net = tv_resnet18(num_classes=num_classes)
+    net.conv1 = nn.Conv2d(1, 64, 3, stride=1, padding=1, bias=False)
+    net.maxpool = nn.Identity()
+    return net
+
+
+NETWORKS: Dict[str, Callable[[int], nn.Module]] = {
+    "cnn": small_cnn,
+    "wrn": wide_resnet,
+    "resnet18": resnet18,
+}
+
+
+def build_network(name: str, num_classes: int = NUM_CLASSES) -> nn.Module:
+    """Build a network by its config name (``cnn``, ``wrn``, ``resnet18``)."""
+    try:
+        factory = NETWORKS[name]
+    except KeyError:
+        raise ValueError(f"unknown network {name!r}; choose one of: {', '.join(NETWORKS)}") from None
+    return factory(num_classes)

@@ -1,0 +1,116 @@
+"""Optimizers by name, the learning-rate scaling rule and the warm-up schedule, as pure functions.
+
+These are the numbers users of data-parallel training fight with, so they live
+here, free of Lightning, where tests can pin them down:
+
+* effective batch = per-device batch × devices × nodes × gradient accumulation;
+* lr = base_lr × f(effective batch / base_batch_size), f = 1, x or √x;
+* warm-up ramps linearly from base_lr to that lr, one step per optimizer step,
+  then the schedule (constant, cosine to zero, or step decay) takes over.
+"""
+
+import math
+from typing import Dict, Iterable, List, Literal
+
+import torch
+from torch import nn
+
+OptimizerName = Literal["sgd", "adamw", "novograd", "lamb", "lars"]
+ScalingRule = Literal["none", "linear", "sqrt"]
+ScheduleName = Literal["constant", "cosine", "step"]
+
+
+def effective_batch_size(per_device: int, devices: int = 1, num_nodes: int = 1, accumulate: int = 1) -> int:
+    """Images that contribute to one optimizer step, summed over every device and accumulation step."""
+    return per_device * devices * num_nodes * accumulate
+
+
+def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: ScalingRule) -> float:
+    """Learning rate for ``effective_batch``, given one known to work at ``base_batch_size``.
+
+    ``linear`` is Goyal et al.'s rule (keeps the update per image constant for
+    SGD); ``sqrt`` keeps the variance of the update constant (Krizhevsky, and the
+    usual choice for Adam-type and layer-wise optimizers); ``none`` leaves it.
+    """
+    ratio = effective_batch / base_batch_size
+    if rule == "none":
+        return base_lr
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    raise ValueError(f"unknown lr_scaling {rule!r}; choose one of: none, linear, sqrt")
+
+
+def lr_factor(
+    step: int,
+    *,
+    warmup_steps: int,
+    warmup_start_factor: float,
+    total_steps: int,
+    schedule: ScheduleName = "constant",
+    step_size: int = 1,
+    gamma: float = 0.1,
+) -> float:
+    """Multiplier of the scaled learning rate at optimizer step ``step`` (0-based).
+
+    During warm-up it climbs linearly from ``warmup_start_factor`` (base_lr /
+    scaled lr) at step 0 to 1 at ``warmup_steps``, like ``LinearLR``; afterwards
+    the schedule counts steps from the end of warm-up.
+    """
+    if step < warmup_steps:
+        return warmup_start_factor + (1.0 - warmup_start_factor) * step / warmup_steps
+    after = step - warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(after, span) / span))
+    if schedule == "step":
+        return gamma ** (after // max(1, step_size))
+    raise ValueError(f"unknown schedule {schedule!r}; choose one of: constant, cosine, step")
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
+    """Split parameters so that weight decay skips biases and normalisation weights (every 1-D tensor).
+
+    Layer-wise optimizers (LARS) also leave groups with zero weight decay out of
+    their trust-ratio scaling, as the LARS and LAMB papers do.
+    """
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.ndim > 1 else no_decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def build_optimizer(
+    name: OptimizerName,
+    params: Iterable,
+    lr: float,
+    momentum: float = 0.0,
+    nesterov: bool = False,
+) -> torch.optim.Optimizer:
+    """Optimizer by its config name; weight decay comes per group from :func:`param_groups`.
+
+    NovoGrad uses ``grad_averaging=True`` as the DLI workshop did; LAMB, LARS and
+    NovoGrad come from torch-optimizer (core PyTorch has none of them).
+    """
+    if name == "sgd":
+        if nesterov and momentum <= 0:
+            raise ValueError("nesterov=true needs momentum > 0 (e.g. --model.momentum 0.9)")
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    import torch_optimizer  # imported only when asked for: it is slow to import and rarely used
+
+    if name == "novograd":
+        return torch_optimizer.NovoGrad(params, lr=lr, grad_averaging=True)
+    if name == "lamb":
+        return torch_optimizer.Lamb(params, lr=lr)
+    if name == "lars":
+        return torch_optimizer.LARS(params, lr=lr, momentum=momentum, nesterov=nesterov)
+    raise ValueError(f"unknown optimizer {name!r}; choose one of: sgd, adamw, novograd, lamb, lars")
