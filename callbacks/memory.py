@@ -6,6 +6,8 @@ import sys
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from callbacks.throughput import log_to_loggers
+
 
 def peak_memory_mb(device: torch.device) -> float:
     """Peak memory of this process on ``device`` so far, in MiB."""
@@ -23,6 +25,6 @@ class PeakMemory(Callback):
         device = trainer.strategy.root_device
         mine = torch.tensor([peak_memory_mb(device)], dtype=torch.float64, device=device)
         per_rank = trainer.strategy.all_gather(mine).reshape(-1).cpu().tolist()
-        pl_module.log("memory/peak_mb", max(per_rank), on_step=False, on_epoch=True, sync_dist=False)
-        for rank, value in enumerate(per_rank):
-            pl_module.log(f"memory/peak_mb_rank{rank}", value, on_step=False, on_epoch=True, sync_dist=False)
+        metrics = {"memory/peak_mb": max(per_rank)}
+        metrics.update({f"memory/peak_mb_rank{rank}": value for rank, value in enumerate(per_rank)})
+        log_to_loggers(trainer, metrics)

@@ -108,6 +108,17 @@ def format_epoch_line(epoch: int, cumulative_s: float, images_per_sec: float, va
     )
 
 
+def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
+    """Write already-gathered, global values straight to the loggers (rank 0 only).
+
+    Not ``self.log``: that would make Lightning reduce them again, and reading
+    ``trainer.callback_metrics`` on rank 0 alone would then wait for the other ranks.
+    """
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+
 class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs throughput and timing scalars.
 
@@ -116,8 +127,8 @@ class ThroughputReport(Callback):
     ``time/compute_s`` (per epoch, mean over ranks).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = EpochClock(clock)
+    def __init__(self) -> None:
+        self.clock = EpochClock()
         self.cumulative_s = 0.0
 
     @staticmethod
@@ -162,8 +173,7 @@ class ThroughputReport(Callback):
             "time/data_wait_s": result.data_wait_s,
             "time/compute_s": result.compute_s,
         }
-        for name, value in metrics.items():
-            pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=False)
+        log_to_loggers(trainer, metrics)
         if trainer.is_global_zero:
             logged = trainer.callback_metrics
             line = format_epoch_line(

@@ -83,7 +83,7 @@ class FashionMNISTClassifier(LightningModule):
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch
         loss = F.cross_entropy(self(images), targets, label_smoothing=self.hparams.label_smoothing)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=len(targets))
+        self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=len(targets))
         return loss
 
     def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> None:

@@ -1,0 +1,1 @@
+"""The command line around LightningCLI: shorthand flags, default subcommand, one-line errors and exit codes."""

@@ -1,0 +1,20 @@
+"""Exit codes, and the one line a user sees instead of a traceback when the mistake is theirs."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """One code per failure class (sysexits.h numbering where one fits)."""
+
+    OK = 0
+    USAGE = 2  # bad flag, value, key or config file
+    DATA = 65  # data files missing or unreadable
+
+
+class ConfigError(ValueError):
+    """A configuration that parses but cannot run (unknown strategy, impossible combination...)."""
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line: multi-line messages from jsonargparse or Lightning are folded."""
+    return " ".join(str(error).split())

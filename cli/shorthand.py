@@ -1,0 +1,114 @@
+"""Turn the workshop-style command line into LightningCLI's.
+
+``python train.py --strategy ddp --devices 4`` is what users type; LightningCLI
+wants ``python train.py fit --trainer.strategy ddp --trainer.devices 4``. This
+module does that rewrite, and nothing else, so that the full keys, ``--config``
+files and the subcommands keep LightningCLI's own meaning: arguments are read in
+order and a later one wins.
+"""
+
+from typing import Dict, List, Optional, Sequence
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+# The fixed, documented set of shorthand flags (README, "Command line").
+SHORTHAND: Dict[str, str] = {
+    "--strategy": "--trainer.strategy",
+    "--devices": "--trainer.devices",
+    "--accelerator": "--trainer.accelerator",
+    "--num_nodes": "--trainer.num_nodes",
+    "--precision": "--trainer.precision",
+    "--epochs": "--trainer.max_epochs",
+    "--batch_size": "--data.batch_size",
+    "--data_dir": "--data.data_dir",
+    "--lr": "--model.base_lr",
+    "--lr_scaling": "--model.lr_scaling",
+    "--warmup_epochs": "--model.warmup_epochs",
+    "--optimizer": "--model.optimizer",
+    "--network": "--model.network",
+    "--seed": "--seed_everything",
+}
+
+
+class ShorthandError(ValueError):
+    """The command line cannot be rewritten; the message says which flag and what to do."""
+
+
+def _split(token: str):
+    """``--key=value`` -> (``--key``, ``value``); ``--key`` -> (``--key``, None)."""
+    if token.startswith("--") and "=" in token:
+        key, value = token.split("=", 1)
+        return key, value
+    return token, None
+
+
+def shorthand_help() -> str:
+    """The table printed under ``--help``."""
+    rows = [f"  {short:<16} = {full}" for short, full in SHORTHAND.items()]
+    return "shorthand flags (no subcommand means fit):\n" + "\n".join(rows)
+
+
+def find_subcommand(args: Sequence[str]) -> Optional[str]:
+    """The subcommand in ``args``, if any: a subcommand name that is not the value of the option before it."""
+    for i, token in enumerate(args):
+        follows_option = i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1]
+        if token in SUBCOMMANDS and not follows_option:
+            return token
+    return None
+
+
+def expand_args(argv: Sequence[str]) -> List[str]:
+    """Add ``fit`` when no subcommand is given and rewrite shorthand flags to their full keys in place.
+
+    Giving a shorthand and its full key with different values is an error: which
+    one the user meant cannot be guessed.
+    """
+    args = list(argv)
+    if find_subcommand(args) is None:
+        args.insert(0, "fit")
+
+    expanded: List[str] = []
+    given: Dict[str, List[tuple]] = {}  # full key -> [(flag as typed, value)]
+    i = 0
+    while i < len(args):
+        key, value = _split(args[i])
+        full = SHORTHAND.get(key)
+        is_full_key = key in SHORTHAND.values()
+        if full is None and not is_full_key:
+            expanded.append(args[i])
+            i += 1
+            continue
+        if value is None:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                raise ShorthandError(f"{key} needs a value, e.g. {key} {_example(key)}")
+            value = args[i + 1]
+            i += 1
+        i += 1
+        target = full or key
+        given.setdefault(target, []).append((key, value))
+        expanded.extend([target, value])
+
+    for target, uses in given.items():
+        if len({value for _, value in uses}) > 1 and len({flag for flag, _ in uses}) > 1:
+            shown = " and ".join(f"{flag} {value}" for flag, value in uses)
+            raise ShorthandError(f"conflicting values for {target[2:]}: {shown}; give it once")
+    return expanded
+
+
+def _example(flag: str) -> Optional[str]:
+    return {
+        "--strategy": "ddp",
+        "--devices": "2",
+        "--accelerator": "cpu",
+        "--num_nodes": "2",
+        "--precision": "bf16-mixed",
+        "--epochs": "3",
+        "--batch_size": "128",
+        "--data_dir": "./data",
+        "--lr": "0.05",
+        "--lr_scaling": "linear",
+        "--warmup_epochs": "1",
+        "--optimizer": "sgd",
+        "--network": "cnn",
+        "--seed": "42",
+    }.get(flag, "VALUE")

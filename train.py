@@ -1,0 +1,99 @@
+"""Train a Fashion-MNIST classifier, data-parallel, with LightningCLI.
+
+    python train.py                                   # configs/default.yaml, CPU or one GPU
+    python train.py --strategy ddp --devices 4        # 4 GPUs over NCCL (gloo with --accelerator cpu)
+    python train.py --config configs/recipes/sgd_momentum.yaml --epochs 5
+    python train.py test --ckpt_path runs/fashion_mnist/checkpoints/last.ckpt
+
+No subcommand means ``fit``; after fit the best checkpoint is tested unless
+``--test_after_fit false``. Shorthand flags are listed under ``--help``
+(cli/shorthand.py). A user's mistake ends with one line on stderr and a
+non-zero exit code (cli/errors.py), not a traceback.
+"""
+
+import sys
+import warnings
+from argparse import RawDescriptionHelpFormatter
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from cli.errors import ConfigError, ExitCode, one_line
+from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
+from datamodules import DataNotFoundError, FashionMNISTDataModule
+from lightning_modules import FashionMNISTClassifier
+
+# Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+
+
+class FashionMNISTCLI(LightningCLI):
+    """LightningCLI with our defaults file, one-line errors and a test run after fit."""
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        kwargs.setdefault("exit_on_error", False)  # main() turns parse errors into one line
+        kwargs.setdefault("epilog", shorthand_help())
+        kwargs.setdefault("formatter_class", RawDescriptionHelpFormatter)
+        return super().init_parser(**kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--test_after_fit",
+            type=bool,
+            default=True,
+            help="fit only: evaluate the best checkpoint on the test split when training ends",
+        )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        # LightningCLI warns when both sys.argv and args are set; main() always passes the rewritten argv.
+        self.config = parser.parse_args(args)
+
+    def instantiate_classes(self) -> None:
+        """A value that parses but cannot run (``--strategy foo``) is the user's mistake: say so in one line."""
+        try:
+            super().instantiate_classes()
+        except (MisconfigurationException, ValueError, TypeError) as error:
+            raise ConfigError(one_line(error)) from error
+
+    def after_fit(self) -> None:
+        if self.trainer.interrupted or not self.config.fit.test_after_fit:
+            return
+        checkpoint = self.trainer.checkpoint_callback
+        best = checkpoint.best_model_path if checkpoint is not None else ""
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+
+
+def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
+    """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
+    defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
+    return FashionMNISTCLI(
+        FashionMNISTClassifier,
+        FashionMNISTDataModule,
+        args=list(args),
+        parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},
+        save_config_kwargs={"overwrite": True},
+    )
+
+
+def main(args: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``python train.py`` and ``fashion-mnist-train``; returns the process exit code."""
+    argv: List[str] = list(sys.argv[1:] if args is None else args)
+    try:
+        build_cli(expand_args(argv))
+    except (ShorthandError, ArgumentError, ConfigError) as error:
+        print(f"train.py: error: {one_line(error)} (see python train.py --help)", file=sys.stderr)
+        return ExitCode.USAGE
+    except DataNotFoundError as error:
+        print(f"train.py: error: {one_line(error)}", file=sys.stderr)
+        return ExitCode.DATA
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
