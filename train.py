@@ -54,12 +54,30 @@ class FashionMNISTCLI(LightningCLI):
         # LightningCLI warns when both sys.argv and args are set; main() always passes the rewritten argv.
         self.config = parser.parse_args(args)
 
+    def before_instantiate_classes(self) -> None:
+        max_epochs = self.config[self.subcommand].trainer.max_epochs
+        if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
+            raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
+
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``) is the user's mistake: say so in one line."""
         try:
             super().instantiate_classes()
-        except (MisconfigurationException, ValueError, TypeError) as error:
+        except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
+            # ImportError: e.g. --accelerator tpu without torch_xla installed.
             raise ConfigError(one_line(error)) from error
+
+    def _prepare_data_before_launch(self) -> None:
+        """Find (or download) the data in the launching process, before any worker process exists.
+
+        A missing file then ends the run with one line here, instead of one rank failing
+        inside ``fit`` while the others wait for it. Only what would be each node's local
+        rank 0 does it, as Lightning's own ``prepare_data`` would.
+        """
+        if self.datamodule is not None and self.trainer.local_rank == 0:
+            self.datamodule.prepare_data()
+
+    before_fit = before_validate = before_test = before_predict = _prepare_data_before_launch
 
     def after_fit(self) -> None:
         if self.trainer.interrupted or not self.config.fit.test_after_fit:

@@ -1,0 +1,38 @@
+# Two commands do all set-up on a fresh machine: `make train` and `make test`.
+# Both create .venv and install the project into it first (once; redone when setup.cfg changes).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# Extra flags for train.py, e.g. make train ARGS="--strategy ddp --devices 2 --accelerator cpu"
+ARGS   ?=
+# Extra flags for pytest, e.g. make test PYTEST_ARGS="-k shorthand"
+PYTEST_ARGS ?=
+
+.PHONY: help train test bench tensorboard clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds flags)
+	$(BIN)/python train.py $(ARGS)
+
+test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)  ## speed benchmark (not yet: see the speed issue)
+	@echo "make bench: not yet implemented; docs/benchmarks.md lists the figures measured so far and their commands."
+
+tensorboard: $(STAMP)  ## serve the TensorBoard logs under runs/ on http://localhost:6006
+	$(BIN)/tensorboard --logdir runs
+
+clean:  ## remove the virtualenv, training outputs and caches (not ./data)
+	rm -rf $(VENV) runs lightning_logs .pytest_cache *.egg-info build dist
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,113 @@
+"""train.py as users type it: both command-line forms, config files, help, and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import train
+from tests.conftest import REPO, run_train
+
+CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+
+
+def printed_config(capsys, args) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_shorthand_and_full_keys_give_the_same_config(capsys, workdir):
+    short = printed_config(
+        capsys,
+        ["--strategy", "ddp", "--devices", "4", "--accelerator", "cpu", "--num_nodes", "2", "--precision", "bf16-mixed",
+         "--epochs", "7", "--batch_size", "64", "--lr", "0.2", "--optimizer", "lamb", "--seed", "3"],
+    )
+    full = printed_config(
+        capsys,
+        ["fit", "--trainer.strategy", "ddp", "--trainer.devices", "4", "--trainer.accelerator", "cpu",
+         "--trainer.num_nodes", "2", "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "7",
+         "--data.batch_size", "64", "--model.base_lr", "0.2", "--model.optimizer", "lamb", "--seed_everything", "3"],
+    )
+    assert short == full
+    assert short["trainer"]["strategy"] == "ddp" and short["trainer"]["max_epochs"] == 7
+    assert short["data"]["batch_size"] == 64 and short["model"]["base_lr"] == 0.2 and short["seed_everything"] == 3
+
+
+def test_default_config_is_loaded_without_flags_and_names_tensorboard(capsys, workdir):
+    config = printed_config(capsys, [])
+    assert config["trainer"]["logger"]["class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
+    callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
+    assert "callbacks.ThroughputReport" in callbacks and "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
+    assert config["model"]["network"] == "cnn" and config["data"]["batch_size"] == 128
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_yaml_in_configs_loads(capsys, workdir, config):
+    loaded = printed_config(capsys, ["--config", str(REPO / config)])
+    overrides = yaml.safe_load(Path(REPO / config).read_text())
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                if not isinstance(value, (dict, list)):
+                    assert str(loaded[section][key]) == str(value), f"{config}: {section}.{key}"
+
+
+def test_recipe_and_strategy_files_stack_later_wins(capsys, workdir):
+    config = printed_config(
+        capsys,
+        ["--config", str(REPO / "configs/recipes/sgd.yaml"), "--config", str(REPO / "configs/strategy/ddp.yaml"),
+         "--network", "cnn"],
+    )
+    assert config["trainer"]["strategy"] == "ddp" and config["model"]["base_lr"] == 0.01
+    assert config["model"]["network"] == "cnn" and config["data"]["batch_size"] == 32
+
+
+def test_help_lists_the_shorthand_flags(capsys, workdir):
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--batch_size" in out and "= --data.batch_size" in out and "--trainer.max_epochs" in out
+
+
+BAD_VALUES = [
+    (["--strategy", "foo"], "invalid strategy name"),
+    (["--devices", "0"], "devices"),
+    (["--accelerator", "tpu"], "torch_xla"),
+    (["--num_nodes", "0"], "num_nodes"),
+    (["--precision", "7"], "trainer.precision"),
+    (["--epochs", "0"], "trainer.max_epochs (--epochs) must be >= 1"),
+    (["--epochs", "two"], "trainer.max_epochs"),
+    (["--batch_size", "0"], "data.batch_size"),
+    (["--lr", "-1"], "model.base_lr"),
+    (["--lr", "nan"], "model.base_lr"),
+    (["--lr", "inf"], "model.base_lr must be a finite number"),
+    (["--optimizer", "adam"], "model.optimizer"),
+    (["--network", "vgg"], "model.network"),
+    (["--lr_scaling", "cubic"], "model.lr_scaling"),
+    (["--warmup_epochs", "-1"], "model.warmup_epochs"),
+    (["--seed", "abc"], "seed_everything"),
+    (["--lr"], "--lr needs a value"),
+    (["--epochs", "2", "--trainer.max_epochs", "3"], "conflicting values"),
+    (["--no_such_flag", "1"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root, args, message):
+    code = train.main(["--data_dir", str(fashion_root), *args])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert code == 2
+    assert len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
+    assert not (workdir / "runs").exists()  # nothing written before the mistake was reported
+
+
+def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, fashion_root):
+    result = run_train(["--data_dir", str(fashion_root), "--optimizer", "adam"], cwd=workdir)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "train.py: error: Parser key \"model.optimizer\"" in result.stderr
+    assert "'sgd', 'adamw', 'novograd', 'lamb', 'lars'" in result.stderr

@@ -1,0 +1,48 @@
+"""The workshop-style command line is rewritten to LightningCLI's keys, and nothing else changes."""
+
+import pytest
+
+from cli.shorthand import SHORTHAND, ShorthandError, expand_args, find_subcommand
+
+
+def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():
+    assert expand_args(["--strategy", "ddp", "--devices", "4"]) == [
+        "fit",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.devices",
+        "4",
+    ]
+
+
+def test_every_documented_shorthand_is_rewritten_with_equals_form_too():
+    for short, full in SHORTHAND.items():
+        assert expand_args([f"{short}=7"]) == ["fit", full, "7"]
+
+
+def test_explicit_subcommand_and_full_keys_are_left_alone():
+    args = ["test", "--ckpt_path", "last", "--trainer.max_epochs", "2", "--config", "a.yaml"]
+    assert expand_args(args) == args
+
+
+def test_a_subcommand_name_given_as_a_value_is_not_a_subcommand():
+    assert find_subcommand(["--data.data_dir", "test"]) is None
+    assert expand_args(["--data_dir", "test"]) == ["fit", "--data.data_dir", "test"]
+    assert find_subcommand(["--config", "x.yaml", "validate"]) == "validate"
+
+
+def test_same_key_twice_later_wins_as_in_lightningcli():
+    assert expand_args(["--epochs", "2", "--epochs", "3"]) == ["fit", "--trainer.max_epochs", "2", "--trainer.max_epochs", "3"]
+
+
+def test_shorthand_and_full_key_agreeing_is_fine_disagreeing_is_an_error():
+    expand_args(["--epochs", "2", "--trainer.max_epochs", "2"])
+    with pytest.raises(ShorthandError, match=r"conflicting values for trainer.max_epochs: --epochs 2 and --trainer.max_epochs 3"):
+        expand_args(["--epochs", "2", "--trainer.max_epochs", "3"])
+
+
+def test_shorthand_without_value_says_what_to_give():
+    with pytest.raises(ShorthandError, match=r"--lr needs a value, e.g. --lr 0.05"):
+        expand_args(["--lr"])
+    with pytest.raises(ShorthandError, match=r"--devices needs a value"):
+        expand_args(["--devices", "--strategy", "ddp"])
