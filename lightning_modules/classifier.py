@@ -1,6 +1,7 @@
 """FashionMNISTClassifier: the network, its loss and metrics, and the optimizer for the effective batch."""
 
 import math
+import re
 from functools import partial
 from typing import Any, Dict, Literal, Optional
 
@@ -9,8 +10,10 @@ import torch.nn.functional as F
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -144,7 +147,7 @@ class FashionMNISTClassifier(LightningModule):
             "devices": trainer.num_devices,
             "num_nodes": trainer.num_nodes,
             "accelerator": type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
-            "strategy": getattr(strategy, "strategy_name", type(strategy).__name__),
+            "strategy": strategy_label(strategy),
             "backend": backend,
             "batch_size_per_device": per_device,
             "accumulate_grad_batches": trainer.accumulate_grad_batches,
@@ -164,10 +167,32 @@ class FashionMNISTClassifier(LightningModule):
             "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"},
         }
 
-    def on_train_start(self) -> None:
-        """Add the derived run facts (world size, effective batch, scaled lr...) to the logged hyperparameters."""
-        if self.logger is not None:
-            self.logger.log_hyperparams({**self.hparams, **self.run_summary})
+    def on_fit_start(self) -> None:
+        """Log the derived run facts (world size, effective batch, scaled lr...) with the hyperparameters."""
+        params = {**self.hparams, **self.run_summary}
+        params.pop("_instantiator", None)
+        for logger in self.loggers:
+            logger.log_hyperparams(params)  # hparams.yaml
+            if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
+                write_tensorboard_hparams(logger, params, metrics=("val/acc", "val/loss", "throughput/images_per_sec"))
+
+
+def strategy_label(strategy) -> str:
+    """``DDPStrategy`` -> ``ddp``, ``SingleDeviceStrategy`` -> ``single_device``: the names users type."""
+    name = type(strategy).__name__.removesuffix("Strategy")
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
+
+
+def write_tensorboard_hparams(logger: TensorBoardLogger, params: Dict[str, Any], metrics) -> None:
+    """Fill TensorBoard's HPARAMS tab, its columns tied to scalar tags the run logs anyway.
+
+    ``TensorBoardLogger.log_hyperparams(params, metrics)`` would also write each
+    metric as a scalar at step 0, a fake point at the start of every curve.
+    """
+    clean = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
+    writer = logger.experiment._get_file_writer()
+    for summary in tensorboard_hparams(clean, {name: 0.0 for name in metrics}):
+        writer.add_summary(summary)
 
 
 def format_run_summary(summary: Dict[str, Any]) -> str:

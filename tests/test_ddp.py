@@ -1,0 +1,54 @@
+"""Two CPU processes over gloo, started exactly as a user would: disjoint shards, every test image once, rank 0 reports."""
+
+import json
+
+import pytest
+
+from tests.conftest import run_train
+from tests.test_training import epoch_lines
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory, fashion_root):
+    cwd = tmp_path_factory.mktemp("ddp")
+    record = cwd / "record"
+    record.mkdir()
+    args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--data_dir", str(fashion_root),
+            "--epochs", "2", "--batch_size", "32", "--trainer.callbacks+=tests.recorder.SampleRecorder"]
+    result = run_train(args, cwd=cwd, env={"SAMPLE_RECORD_DIR": str(record)})
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((record / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return cwd, result, ranks
+
+
+def test_each_epoch_ranks_train_on_disjoint_shards_that_cover_the_split(ddp_run):
+    _, _, ranks = ddp_run
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    for epoch in ("0", "1"):
+        shard0, shard1 = (r["train"][epoch] for r in ranks)
+        assert len(shard0) == len(shard1) == 128
+        assert not set(shard0) & set(shard1)
+        assert sorted(shard0 + shard1) == list(range(256))
+    assert ranks[0]["train"]["0"] != ranks[0]["train"]["1"]  # reshuffled every epoch
+
+
+def test_validation_counts_every_test_image_exactly_once(ddp_run):
+    _, _, ranks = ddp_run
+    for epoch in ("0", "1"):
+        seen = ranks[0]["val"][epoch] + ranks[1]["val"][epoch]
+        assert sorted(seen) == list(range(101))  # 101 images: no padded duplicate
+
+
+def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
+    cwd, result, _ = ddp_run
+    lines = epoch_lines(result.stdout)
+    assert [int(m.group(1)) for m in lines] == [1, 2]
+    log = result.stdout + result.stderr
+    assert log.count("Run configuration") == 1
+    assert "world size      : 2 (2 device(s) x 1 node(s), cpu, strategy ddp, backend gloo)" in log
+    assert "32 per device x 2 x 1 x accumulate 1 = effective 64" in log
+    assert "base 0.05 at batch 32 -> 0.1 (linear scaling)" in log
+    assert len(list((cwd / "runs" / "fashion_mnist").glob("version_*"))) == 1
+    assert (cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt").is_file()

@@ -1,0 +1,99 @@
+"""A short fit on tiny data, run as a user runs it: epoch lines, start block, checkpoints, TensorBoard, resume."""
+
+import re
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import run_train
+
+EPOCH_LINE = re.compile(
+    r"^Epoch (\d+): Cumulative Time = (\d+\.\d{3}), Images/sec = (\d+\.\d{2}), Val Loss = (\d+\.\d{3}), Val Acc = (\d\.\d{3})$"
+)
+
+
+def scalars(log_dir):
+    """tag -> [(step, value)] over every event file of one TensorBoard run folder."""
+    found = {}
+    for events in sorted(log_dir.glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
+    return found
+
+
+def epoch_lines(stdout):
+    return [EPOCH_LINE.match(line) for line in stdout.splitlines() if line.startswith("Epoch ")]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, fashion_root):
+    cwd = tmp_path_factory.mktemp("run")
+    args = ["--data_dir", str(fashion_root), "--epochs", "2", "--batch_size", "32", "--lr", "0.1",
+            "--trainer.accumulate_grad_batches", "2", "--warmup_epochs", "0.5", "--trainer.log_every_n_steps", "1"]
+    result = run_train(args, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return cwd, result
+
+
+def test_prints_one_workshop_line_per_epoch(first_run):
+    _, result = first_run
+    lines = epoch_lines(result.stdout)
+    assert [m is not None for m in lines] == [True, True], result.stdout
+    assert [int(m.group(1)) for m in lines] == [1, 2]
+    cumulative = [float(m.group(2)) for m in lines]
+    assert 0 < cumulative[0] < cumulative[1]
+    assert all(float(m.group(3)) > 0 for m in lines)
+
+
+def test_start_block_shows_effective_batch_and_scaled_lr(first_run):
+    _, result = first_run
+    log = result.stdout + result.stderr
+    assert "32 per device x 1 x 1 x accumulate 2 = effective 64" in log
+    assert "base 0.1 at batch 32 -> 0.2 (linear scaling)" in log
+    assert "warm-up         : 2 optimizer steps (4 per epoch), then constant" in log
+
+
+def test_writes_best_and_last_checkpoints(first_run):
+    cwd, _ = first_run
+    checkpoints = cwd / "runs" / "fashion_mnist" / "checkpoints"
+    names = sorted(p.name for p in checkpoints.glob("*.ckpt"))
+    assert "last.ckpt" in names
+    assert any(re.fullmatch(r"best-epoch0[01]-acc\d\.\d{4}\.ckpt", n) for n in names), names
+
+
+def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
+    cwd, _ = first_run
+    run_dir = cwd / "runs" / "fashion_mnist" / "version_0"
+    found = scalars(run_dir)
+    for tag in ["train/loss", "val/loss", "val/acc", "test/acc", "throughput/images_per_sec",
+                "throughput/images_per_sec_per_device", "time/epoch_s", "time/cumulative_s",
+                "time/data_wait_s", "time/compute_s", "memory/peak_mb", "lr-SGD/pg1"]:
+        assert tag in found, f"{tag} missing from {sorted(found)}"
+    by_step = dict(found["lr-SGD/pg1"])  # logged per batch: with accumulation, twice per optimizer step
+    lr = [round(by_step[step], 6) for step in range(4)]
+    assert lr == [0.1, 0.15, 0.2, 0.2]  # warm-up from base_lr to the scaled lr over 2 optimizer steps
+    assert (run_dir / "config.yaml").is_file() and "effective_batch_size: 64" in (run_dir / "hparams.yaml").read_text()
+
+
+def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
+    cwd, _ = first_run
+    (events,) = [p for p in (cwd / "runs" / "fashion_mnist" / "version_0").glob("events.*")
+                 if b"_hparams_/session_start_info" in p.read_bytes()]
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    content = accumulator.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    for fact in (b"effective_batch_size", b"scaled_lr", b"world_size", b"warmup_steps", b"backend"):
+        assert fact in content
+
+
+def test_resume_from_last_continues_at_the_next_epoch(first_run, fashion_root):
+    cwd, _ = first_run
+    result = run_train(["--data_dir", str(fashion_root), "--epochs", "3", "--batch_size", "32",
+                        "--trainer.accumulate_grad_batches", "2", "--lr", "0.1", "--ckpt_path", "last",
+                        "--test_after_fit", "false"], cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [int(m.group(1)) for m in epoch_lines(result.stdout)] == [3]
+    assert "Restoring states from the checkpoint path at" in result.stderr + result.stdout
+    assert "test/acc" not in result.stdout
