@@ -146,15 +146,15 @@ class ThroughputReport(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         self.clock.end_batch(len(batch[1]))
 
+    # Inside fit, validation runs with trainer.training False, so no stage check here: the clock
+    # ignores a pause outside a training epoch (sanity check, the validate subcommand).
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.training:
-            self._sync(trainer)
-            self.clock.pause()
+        self._sync(trainer)
+        self.clock.pause()
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.training:
-            self._sync(trainer)
-            self.clock.resume()
+        self._sync(trainer)
+        self.clock.resume()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)

@@ -28,3 +28,15 @@ class SampleRecorder(Callback):
     def on_fit_end(self, trainer, pl_module):
         out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"rank{trainer.global_rank}.json"
         out.write_text(json.dumps({"world_size": trainer.world_size, "train": self.train, "val": self.val}))
+
+
+class SlowValidation(Callback):
+    """Makes every validation pass take at least ``seconds``: time the throughput figures must not count."""
+
+    def __init__(self, seconds: float = 2.0) -> None:
+        self.seconds = seconds
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        import time
+
+        time.sleep(self.seconds)

@@ -27,11 +27,16 @@ def epoch_lines(stdout):
     return [EPOCH_LINE.match(line) for line in stdout.splitlines() if line.startswith("Epoch ")]
 
 
+VALIDATION_SLEEP_S = 3.0
+
+
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory, fashion_root):
     cwd = tmp_path_factory.mktemp("run")
     args = ["--data_dir", str(fashion_root), "--epochs", "2", "--batch_size", "32", "--lr", "0.1",
-            "--trainer.accumulate_grad_batches", "2", "--warmup_epochs", "0.5", "--trainer.log_every_n_steps", "1"]
+            "--trainer.accumulate_grad_batches", "2", "--warmup_epochs", "0.5", "--trainer.log_every_n_steps", "1",
+            "--trainer.callbacks+=tests.recorder.SlowValidation",
+            f"--trainer.callbacks.init_args.seconds={VALIDATION_SLEEP_S}"]
     result = run_train(args, cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return cwd, result
@@ -45,6 +50,16 @@ def test_prints_one_workshop_line_per_epoch(first_run):
     cumulative = [float(m.group(2)) for m in lines]
     assert 0 < cumulative[0] < cumulative[1]
     assert all(float(m.group(3)) > 0 for m in lines)
+
+
+def test_training_time_excludes_validation(first_run):
+    cwd, _ = first_run
+    found = scalars(cwd / "runs" / "fashion_mnist" / "version_0")
+    for step_epoch_s, step_data, step_compute in zip(found["time/epoch_s"], found["time/data_wait_s"], found["time/compute_s"]):
+        epoch_s = step_epoch_s[1]
+        assert epoch_s < VALIDATION_SLEEP_S  # each validation pass sleeps that long
+        assert epoch_s == pytest.approx(step_data[1] + step_compute[1], abs=0.25)
+    assert found["time/cumulative_s"][-1][1] == pytest.approx(sum(v for _, v in found["time/epoch_s"]), rel=1e-5)
 
 
 def test_start_block_shows_effective_batch_and_scaled_lr(first_run):
