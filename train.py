@@ -21,7 +21,7 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from cli.errors import ConfigError, ExitCode, one_line
+from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
 from datamodules import DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
@@ -30,6 +30,8 @@ from lightning_modules import FashionMNISTClassifier
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
 
+# Values of --ckpt_path that Lightning resolves itself rather than reading as a file name.
+CHECKPOINT_KEYWORDS = ("last", "best", "hpc", "registry")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
 
@@ -55,9 +57,15 @@ class FashionMNISTCLI(LightningCLI):
         self.config = parser.parse_args(args)
 
     def before_instantiate_classes(self) -> None:
-        max_epochs = self.config[self.subcommand].trainer.max_epochs
+        config = self.config[self.subcommand]
+        max_epochs = config.trainer.max_epochs
         if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
             raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path and ckpt_path.split(":")[0] not in CHECKPOINT_KEYWORDS and not Path(ckpt_path).is_file():
+            raise CheckpointNotFoundError(
+                f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or --ckpt_path last / best"
+            )
 
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``) is the user's mistake: say so in one line."""
@@ -110,6 +118,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     except DataNotFoundError as error:
         print(f"train.py: error: {one_line(error)}", file=sys.stderr)
         return ExitCode.DATA
+    except CheckpointNotFoundError as error:
+        print(f"train.py: error: {one_line(error)}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
     return ExitCode.OK
 
 

@@ -1,6 +1,7 @@
 """Reporting callbacks: one concern per file, the arithmetic in plain classes the callbacks call."""
 
 from callbacks.memory import PeakMemory
+from callbacks.predictions import PredictionCSV
 from callbacks.throughput import ThroughputReport
 
-__all__ = ["PeakMemory", "ThroughputReport"]
+__all__ = ["PeakMemory", "PredictionCSV", "ThroughputReport"]

@@ -9,6 +9,11 @@ class ExitCode(IntEnum):
     OK = 0
     USAGE = 2  # bad flag, value, key or config file
     DATA = 65  # data files missing or unreadable
+    CHECKPOINT = 66  # the checkpoint to load does not exist
+
+
+class CheckpointNotFoundError(FileNotFoundError):
+    """``--ckpt_path`` names a file that is not there."""
 
 
 class ConfigError(ValueError):

@@ -52,3 +52,19 @@ def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
     assert "base 0.05 at batch 32 -> 0.1 (linear scaling)" in log
     assert len(list((cwd / "runs" / "fashion_mnist").glob("version_*"))) == 1
     assert (cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_two_process_predictions_equal_one_process(ddp_run, fashion_root, tmp_path):
+    cwd, _, _ = ddp_run
+    last = cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt"
+    outputs = []
+    for devices in ("2", "1"):
+        out_dir = tmp_path / f"devices{devices}"
+        result = run_train(["predict", "--strategy", "ddp" if devices == "2" else "auto", "--accelerator", "cpu",
+                            "--devices", devices, "--data_dir", str(fashion_root), "--ckpt_path", str(last),
+                            f"--trainer.callbacks+=callbacks.PredictionCSV",
+                            f"--trainer.callbacks.init_args.output_dir={out_dir}"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append((out_dir / "predictions.csv").read_text())
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0].splitlines()) == 102

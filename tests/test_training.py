@@ -1,6 +1,9 @@
 """A short fit on tiny data, run as a user runs it: epoch lines, start block, checkpoints, TensorBoard, resume."""
 
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -112,3 +115,30 @@ def test_resume_from_last_continues_at_the_next_epoch(first_run, fashion_root):
     assert [int(m.group(1)) for m in epoch_lines(result.stdout)] == [3]
     assert "Restoring states from the checkpoint path at" in result.stderr + result.stdout
     assert "test/acc" not in result.stdout
+
+
+def test_predict_writes_one_csv_row_per_test_image(first_run, fashion_root):
+    cwd, _ = first_run
+    last = cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt"
+    result = run_train(["predict", "--data_dir", str(fashion_root), "--ckpt_path", str(last)], cwd=cwd)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (csv_path,) = (cwd / "runs" / "fashion_mnist").glob("version_*/predictions.csv")
+    rows = [line.split(",") for line in csv_path.read_text().splitlines()]
+    assert rows[0] == ["index", "class_id", "class_name"]
+    assert [int(r[0]) for r in rows[1:]] == list(range(101))
+    assert all(0 <= int(r[1]) <= 9 and r[2] for r in rows[1:])
+
+
+def test_missing_checkpoint_is_one_line_and_exit_66(workdir, fashion_root):
+    result = run_train(["test", "--data_dir", str(fashion_root), "--ckpt_path", "nope.ckpt"], cwd=workdir)
+    assert result.returncode == 66
+    assert "train.py: error: checkpoint not found: nope.ckpt" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_installed_console_script_is_train_py(workdir):
+    script = Path(sys.executable).parent / "fashion-mnist-train"
+    result = subprocess.run([str(script), "--epochs", "4", "--print_config"], cwd=workdir, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "max_epochs: 4" in result.stdout
