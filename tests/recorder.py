@@ -6,6 +6,7 @@ Each rank writes which samples it trained and validated on to
 
 import json
 import os
+import time
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -37,6 +38,4 @@ class SlowValidation(Callback):
         self.seconds = seconds
 
     def on_validation_epoch_end(self, trainer, pl_module):
-        import time
-
         time.sleep(self.seconds)
