@@ -32,6 +32,8 @@ warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.al
 
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file name.
 CHECKPOINT_KEYWORDS = ("last", "best", "hpc", "registry")
+# The user's mistakes that are not about flags or values (those exit with ExitCode.USAGE).
+EXIT_CODES = {DataNotFoundError: ExitCode.DATA, CheckpointNotFoundError: ExitCode.CHECKPOINT}
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
 
@@ -112,15 +114,11 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     argv: List[str] = list(sys.argv[1:] if args is None else args)
     try:
         build_cli(expand_args(argv))
-    except (ShorthandError, ArgumentError, ConfigError) as error:
-        print(f"train.py: error: {one_line(error)} (see python train.py --help)", file=sys.stderr)
-        return ExitCode.USAGE
-    except DataNotFoundError as error:
-        print(f"train.py: error: {one_line(error)}", file=sys.stderr)
-        return ExitCode.DATA
-    except CheckpointNotFoundError as error:
-        print(f"train.py: error: {one_line(error)}", file=sys.stderr)
-        return ExitCode.CHECKPOINT
+    except (ShorthandError, ArgumentError, ConfigError, DataNotFoundError, CheckpointNotFoundError) as error:
+        code = EXIT_CODES.get(type(error), ExitCode.USAGE)
+        hint = " (see python train.py --help)" if code == ExitCode.USAGE else ""
+        print(f"train.py: error: {one_line(error)}{hint}", file=sys.stderr)
+        return code
     return ExitCode.OK
 
 

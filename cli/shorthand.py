@@ -11,22 +11,26 @@ from typing import Dict, List, Optional, Sequence
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
-# The fixed, documented set of shorthand flags (README, "Command line").
-SHORTHAND: Dict[str, str] = {
-    "--strategy": "--trainer.strategy",
-    "--devices": "--trainer.devices",
-    "--accelerator": "--trainer.accelerator",
-    "--num_nodes": "--trainer.num_nodes",
-    "--precision": "--trainer.precision",
-    "--epochs": "--trainer.max_epochs",
-    "--batch_size": "--data.batch_size",
-    "--data_dir": "--data.data_dir",
-    "--lr": "--model.base_lr",
-    "--lr_scaling": "--model.lr_scaling",
-    "--warmup_epochs": "--model.warmup_epochs",
-    "--optimizer": "--model.optimizer",
-    "--network": "--model.network",
-    "--seed": "--seed_everything",
+# The fixed, documented set of shorthand flags (README, "Command line"): full key and an example value.
+SHORTHAND_TABLE = {
+    "--strategy": ("--trainer.strategy", "ddp"),
+    "--devices": ("--trainer.devices", "2"),
+    "--accelerator": ("--trainer.accelerator", "cpu"),
+    "--num_nodes": ("--trainer.num_nodes", "2"),
+    "--precision": ("--trainer.precision", "bf16-mixed"),
+    "--epochs": ("--trainer.max_epochs", "3"),
+    "--batch_size": ("--data.batch_size", "128"),
+    "--data_dir": ("--data.data_dir", "./data"),
+    "--lr": ("--model.base_lr", "0.05"),
+    "--lr_scaling": ("--model.lr_scaling", "linear"),
+    "--warmup_epochs": ("--model.warmup_epochs", "1"),
+    "--optimizer": ("--model.optimizer", "sgd"),
+    "--network": ("--model.network", "cnn"),
+    "--seed": ("--seed_everything", "42"),
+}
+SHORTHAND: Dict[str, str] = {short: full for short, (full, _) in SHORTHAND_TABLE.items()}
+EXAMPLE: Dict[str, str] = {
+    flag: example for short, (full, example) in SHORTHAND_TABLE.items() for flag in (short, full)
 }
 
 
@@ -80,7 +84,7 @@ def expand_args(argv: Sequence[str]) -> List[str]:
             continue
         if value is None:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ShorthandError(f"{key} needs a value, e.g. {key} {_example(key)}")
+                raise ShorthandError(f"{key} needs a value, e.g. {key} {EXAMPLE[key]}")
             value = args[i + 1]
             i += 1
         i += 1
@@ -94,21 +98,3 @@ def expand_args(argv: Sequence[str]) -> List[str]:
             raise ShorthandError(f"conflicting values for {target[2:]}: {shown}; give it once")
     return expanded
 
-
-def _example(flag: str) -> Optional[str]:
-    return {
-        "--strategy": "ddp",
-        "--devices": "2",
-        "--accelerator": "cpu",
-        "--num_nodes": "2",
-        "--precision": "bf16-mixed",
-        "--epochs": "3",
-        "--batch_size": "128",
-        "--data_dir": "./data",
-        "--lr": "0.05",
-        "--lr_scaling": "linear",
-        "--warmup_epochs": "1",
-        "--optimizer": "sgd",
-        "--network": "cnn",
-        "--seed": "42",
-    }.get(flag, "VALUE")
