@@ -62,7 +62,7 @@ def test_two_process_predictions_equal_one_process(ddp_run, fashion_root, tmp_pa
         out_dir = tmp_path / f"devices{devices}"
         result = run_train(["predict", "--strategy", "ddp" if devices == "2" else "auto", "--accelerator", "cpu",
                             "--devices", devices, "--data_dir", str(fashion_root), "--ckpt_path", str(last),
-                            f"--trainer.callbacks+=callbacks.PredictionCSV",
+                            "--trainer.callbacks+=callbacks.PredictionCSV",
                             f"--trainer.callbacks.init_args.output_dir={out_dir}"], cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         outputs.append((out_dir / "predictions.csv").read_text())
