@@ -25,6 +25,7 @@ from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
 from datamodules import DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
+from strategies import register_strategies
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -100,6 +101,7 @@ class FashionMNISTCLI(LightningCLI):
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
     """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
+    register_strategies()  # dp and fsdp_cpu, before the parser validates --trainer.strategy
     return FashionMNISTCLI(
         FashionMNISTClassifier,
         FashionMNISTDataModule,
