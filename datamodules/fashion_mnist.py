@@ -14,7 +14,7 @@ import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import FashionMNIST
 
 DATA_DIR_ENV = "FASHION_MNIST_DIR"
@@ -156,19 +156,43 @@ class FashionMNISTDataModule(LightningDataModule):
             pin_memory=torch.cuda.is_available(),
         )
 
+    def _world(self) -> Tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _process_batch(self, per_device: int) -> int:
+        """Images per loader batch in this process: the per-device batch × the devices it drives.
+
+        One everywhere but ``dp``, whose single process splits each batch over its GPUs.
+        """
+        strategy = self.trainer.strategy if self.trainer is not None else None
+        return per_device * getattr(strategy, "devices_per_process", 1)
+
     def train_dataloader(self) -> DataLoader:
-        # Under ddp/fsdp Lightning swaps in a DistributedSampler (disjoint shards, reshuffled each epoch).
-        return self._loader(self.train_set, self.batch_size, shuffle=True)
+        """Disjoint shards, reshuffled each epoch, in an order that does not depend on the world size.
+
+        A DistributedSampler for every world size (also 1): step i of N ranks at batch B
+        trains on exactly the images of step i of 1 rank at batch N×B, which is what makes
+        ddp equivalent to a bigger single-process batch (tests/test_equivalence.py).
+        The seed is Lightning's (``--seed_everything``); Lightning calls ``set_epoch``.
+        """
+        world_size, rank = self._world()
+        sampler = DistributedSampler(
+            self.train_set,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+        )
+        return self._loader(self.train_set, self._process_batch(self.batch_size), shuffle=False, sampler=sampler)
 
     def _eval_loader(self) -> DataLoader:
         """Each test image is evaluated exactly once, whatever the world size (no padded duplicates)."""
         sampler = None
-        trainer = self.trainer
-        if trainer is not None and trainer.world_size > 1:
-            sampler = UnrepeatedDistributedSampler(
-                self.test_set, num_replicas=trainer.world_size, rank=trainer.global_rank, shuffle=False
-            )
-        return self._loader(self.test_set, self.eval_batch_size, shuffle=False, sampler=sampler)
+        world_size, rank = self._world()
+        if world_size > 1:
+            sampler = UnrepeatedDistributedSampler(self.test_set, num_replicas=world_size, rank=rank, shuffle=False)
+        return self._loader(self.test_set, self._process_batch(self.eval_batch_size), shuffle=False, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
         return self._eval_loader()
