@@ -71,16 +71,24 @@ def lr_factor(
     raise ValueError(f"unknown schedule {schedule!r}; choose one of: constant, cosine, step")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
-    """Split parameters so that weight decay skips biases and normalisation weights (every 1-D tensor).
+# Modules whose weights are scales, not features: weight decay would pull them towards zero.
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
-    Layer-wise optimizers (LARS) also leave groups with zero weight decay out of
-    their trust-ratio scaling, as the LARS and LAMB papers do.
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
+    """Split parameters so that weight decay skips biases and normalisation weights.
+
+    Decided by the parameter's role (a ``bias``, or a norm layer's parameter), not by
+    its shape: under FSDP every parameter is a flat 1-D shard, so a shape test would
+    silently switch weight decay off everywhere. Layer-wise optimizers (LARS) also
+    leave groups with zero weight decay out of their trust-ratio scaling, as the
+    LARS and LAMB papers do.
     """
     decay, no_decay = [], []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.ndim > 1 else no_decay).append(param)
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad:
+                (no_decay if name == "bias" or isinstance(module, NORM_LAYERS) else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})

@@ -48,6 +48,17 @@ def test_weight_decay_skips_biases_and_norm_weights():
     assert all(p.ndim == 1 for p in no_decay["params"]) and len(no_decay["params"]) == 4
 
 
+def test_weight_decay_follows_the_role_not_the_shape_of_flattened_parameters():
+    """Under FSDP every parameter is a 1-D shard; weights must still be decayed."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
+    for module in model:
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, nn.Parameter(param.detach().flatten()))
+    decay, no_decay = param_groups(model, 0.1)
+    assert [p.numel() for p in decay["params"]] == [12]
+    assert sorted(p.numel() for p in no_decay["params"]) == [3, 3, 3]
+
+
 @pytest.mark.parametrize("name", ["sgd", "adamw", "novograd", "lamb", "lars"])
 def test_each_optimizer_decreases_a_toy_loss(name):
     torch.manual_seed(0)
