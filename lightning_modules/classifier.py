@@ -34,7 +34,8 @@ class FashionMNISTClassifier(LightningModule):
     """Cross-entropy classifier whose learning rate follows the effective batch.
 
     Args:
-        network: ``cnn`` (small, fast on CPU), ``wrn`` (the DLI workshop's WideResNet) or ``resnet18``.
+        network: ``cnn`` (small, fast on CPU), ``mlp`` (no batch-norm or dropout: ddp-equivalence checks),
+            ``wrn`` (the DLI workshop's WideResNet) or ``resnet18``.
         optimizer: ``sgd`` (see momentum, nesterov), ``adamw``, ``novograd``, ``lamb`` or ``lars``.
         base_lr: Learning rate known to work at ``base_batch_size``.
         base_batch_size: Batch that ``base_lr`` was tuned for. Default: the per-device batch,
@@ -53,7 +54,7 @@ class FashionMNISTClassifier(LightningModule):
 
     def __init__(
         self,
-        network: Literal["cnn", "wrn", "resnet18"] = "cnn",
+        network: Literal["cnn", "mlp", "wrn", "resnet18"] = "cnn",
         optimizer: OptimizerName = "sgd",
         base_lr: PositiveFloat = 0.05,
         base_batch_size: Optional[PositiveInt] = None,
@@ -178,7 +179,10 @@ class FashionMNISTClassifier(LightningModule):
 
 
 def strategy_label(strategy) -> str:
-    """``DDPStrategy`` -> ``ddp``, ``SingleDeviceStrategy`` -> ``single_device``: the names users type."""
+    """The registry name users type (``fsdp``, ``fsdp_cpu``, ``dp``), else ``DDPStrategy`` -> ``ddp``."""
+    registered = getattr(type(strategy), "strategy_name", None)
+    if registered:
+        return registered
     name = type(strategy).__name__.removesuffix("Strategy")
     return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
 
