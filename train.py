@@ -17,6 +17,7 @@ from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -25,7 +26,7 @@ from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
 from datamodules import DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
-from strategies import register_strategies
+from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -64,10 +65,26 @@ class FashionMNISTCLI(LightningCLI):
         max_epochs = config.trainer.max_epochs
         if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
             raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
+        self._check_strategy(config)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path.split(":")[0] not in CHECKPOINT_KEYWORDS and not Path(ckpt_path).is_file():
             raise CheckpointNotFoundError(
                 f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or --ckpt_path last / best"
+            )
+
+    @staticmethod
+    def _check_strategy(config) -> None:
+        """``--strategy fsdp`` on CPU runs our gloo FSDP (Lightning refuses CPU); refuse layer-wise optimizers."""
+        trainer = config.trainer
+        if trainer.strategy == "fsdp" and (
+            trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
+        ):
+            trainer.strategy = "fsdp_cpu"
+        optimizer = config.model.optimizer
+        if is_fsdp(trainer.strategy) and optimizer in LAYERWISE_OPTIMIZERS:
+            raise ConfigError(
+                f"--optimizer {optimizer} computes per-layer norms, but fsdp gives each rank only a slice of a layer; "
+                f"use --strategy ddp with {optimizer}, or sgd/adamw with fsdp"
             )
 
     def instantiate_classes(self) -> None:

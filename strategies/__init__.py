@@ -1,15 +1,17 @@
 """Strategies Lightning 2.x lacks, registered in Lightning's StrategyRegistry on import.
 
 ``dp``: Lightning 2.0 removed DataParallel; this brings it back for one process over several GPUs.
-``fsdp_cpu``: Lightning refuses FSDP without a GPU; this runs torch FSDP over gloo on CPU, so
-sharding runs (and is tested) on any machine. train.py picks it for ``--strategy fsdp`` on CPU.
+``fsdp`` / ``fsdp_cpu``: Lightning's FSDP, fixed for test-after-fit and able to run on CPU over
+gloo (Lightning refuses that), so sharding runs and is tested on any machine. train.py picks
+``fsdp_cpu`` for ``--strategy fsdp`` on CPU.
 """
 
 from lightning.pytorch.strategies import StrategyRegistry
 
 from strategies.dp import DataParallelStrategy
+from strategies.fsdp import LAYERWISE_OPTIMIZERS, ShardedDataParallelStrategy, is_fsdp
 
-__all__ = ["DataParallelStrategy", "register_strategies"]
+__all__ = ["DataParallelStrategy", "LAYERWISE_OPTIMIZERS", "ShardedDataParallelStrategy", "is_fsdp", "register_strategies"]
 
 
 def register_strategies() -> None:
@@ -17,5 +19,16 @@ def register_strategies() -> None:
     if "dp" not in StrategyRegistry:
         StrategyRegistry.register(
             "dp", DataParallelStrategy, description="DataParallel: one process, batch split over the visible GPUs"
+        )
+    if StrategyRegistry["fsdp"]["strategy"] is not ShardedDataParallelStrategy:
+        StrategyRegistry.register(
+            "fsdp", ShardedDataParallelStrategy, description="Fully Sharded Data Parallel on GPUs", override=True
+        )
+        StrategyRegistry.register(
+            "fsdp_cpu",
+            ShardedDataParallelStrategy,
+            description="Fully Sharded Data Parallel on CPU processes over gloo",
+            override=True,
+            process_group_backend="gloo",
         )
 

@@ -91,6 +91,9 @@ BAD_VALUES = [
     (["--lr"], "--lr needs a value"),
     (["--epochs", "2", "--trainer.max_epochs", "3"], "conflicting values"),
     (["--no_such_flag", "1"], "unrecognized arguments"),
+    (["--strategy", "fsdp", "--optimizer", "lamb"], "--optimizer lamb computes per-layer norms"),
+    (["--strategy", "fsdp", "--accelerator", "cpu", "--optimizer", "lars"], "use --strategy ddp with lars"),
+    (["--strategy", "fsdp_cpu", "--optimizer", "novograd"], "fsdp gives each rank only a slice of a layer"),
 ]
 
 

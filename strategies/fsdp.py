@@ -1,0 +1,67 @@
+"""``--strategy fsdp``: Lightning's FSDPStrategy with two fixes, one of which lets it run on CPU over gloo.
+
+1. Lightning refuses FSDP without a GPU, and torch's FSDP only accepts a CPU module
+   when it is told the device explicitly. train.py maps ``--strategy fsdp`` on CPU to
+   ``fsdp_cpu``: this class with gloo. Everything else (sharding, full-state-dict
+   checkpoints that load in a one-process run, the launcher, the sampler) is
+   Lightning's own FSDPStrategy, so the tests here exercise the code that runs on GPUs.
+2. ``trainer.test`` after ``trainer.fit`` in the same Trainer wrapped the already
+   sharded module in FSDP a second time, and loading the best checkpoint then failed
+   with "size mismatch" (Lightning issue #20373). The wrapper from fit is reused.
+
+``use_orig_params=True`` (Lightning's default) keeps the LightningModule's own
+parameters, as views into each rank's shard, so ``configure_optimizers`` and its
+per-name weight-decay groups work unchanged. Each rank holds about 1/world_size of
+the parameters, gradients and optimizer state. Optimizers that compute per-layer
+norms (LARS, LAMB, NovoGrad) would see only a rank's slice of a layer, so train.py
+refuses them with fsdp (``LAYERWISE_OPTIMIZERS``).
+"""
+
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+from torch import nn
+
+# Optimizers whose update depends on whole-layer norms: wrong on flat shards.
+LAYERWISE_OPTIMIZERS = ("lars", "lamb", "novograd")
+FSDP_STRATEGY_NAMES = ("fsdp", "fsdp_cpu", "fsdp_cpu_offload")
+
+
+class ShardedDataParallelStrategy(FSDPStrategy):
+    """Registered as ``fsdp`` (CUDA, NCCL) and ``fsdp_cpu`` (CPU, gloo)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._wrapped: Optional[nn.Module] = None  # the FSDP module of the last setup, reused by later stages
+
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if self._wrapped is not None and self._wrapped.module is model:
+            return self._wrapped  # fit, then test: the module is already sharded
+        if self.root_device.type != "cpu" or any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            self._wrapped = super()._setup_model(model)
+            return self._wrapped
+        # Lightning passes device_id=root_device.index, None on CPU, which torch rejects without an accelerator.
+        self._wrapped = FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=torch.device("cpu"),
+            **self.kwargs,
+        )
+        return self._wrapped
+
+
+def is_fsdp(strategy: Any) -> bool:
+    """True for ``--strategy fsdp``-like names and for FSDP class paths given in a config file."""
+    if isinstance(strategy, str):
+        return strategy in FSDP_STRATEGY_NAMES
+    if isinstance(strategy, FSDPStrategy):
+        return True
+    class_path = getattr(strategy, "class_path", None)
+    if class_path is None and isinstance(strategy, dict):
+        class_path = strategy.get("class_path")
+    return bool(class_path) and "FSDP" in str(class_path)
