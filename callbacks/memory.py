@@ -1,10 +1,15 @@
-"""Peak memory per rank: CUDA max-allocated on GPUs, the process's peak resident set size on CPU."""
+"""Memory per rank: the model state each rank holds (what ddp replicates and fsdp shards), and the peak.
+
+Peak memory is CUDA max-allocated on GPUs, the process's peak resident set size on CPU.
+"""
 
 import resource
 import sys
+from typing import Iterable, Tuple
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.throughput import log_to_loggers
 
@@ -18,10 +23,49 @@ def peak_memory_mb(device: torch.device) -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
+def model_state_mb(module: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> Tuple[float, float]:
+    """MiB of parameters and of optimizer state (momentum, Adam moments...) held by this process.
+
+    Under fsdp a parameter here is this rank's shard, so the figures are per rank.
+    """
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    state = sum(
+        value.numel() * value.element_size()
+        for optimizer in optimizers
+        for per_param in optimizer.state.values()
+        for value in per_param.values()
+        if torch.is_tensor(value) and value.dim() > 0  # not the scalar step counters
+    )
+    return params / 2**20, state / 2**20
+
+
 class PeakMemory(Callback):
-    """Logs ``memory/peak_mb`` (the largest over ranks) and ``memory/peak_mb_rank<i>`` each epoch."""
+    """Reports the model state per rank once, and peak memory every epoch.
+
+    After the first epoch (when the optimizer state exists) rank 0 prints the
+    largest rank's parameters and optimizer state and logs ``memory/parameters_mb``
+    and ``memory/optimizer_state_mb``; each epoch it logs ``memory/peak_mb`` (the
+    largest over ranks) and ``memory/peak_mb_rank<i>``.
+    """
+
+    def __init__(self) -> None:
+        self._state_reported = False
+
+    def _report_model_state(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        device = trainer.strategy.root_device
+        mine = torch.tensor(model_state_mb(pl_module, trainer.optimizers), dtype=torch.float64, device=device)
+        per_rank = trainer.strategy.all_gather(mine).reshape(-1, 2)
+        params_mb, optimizer_mb = per_rank.max(dim=0).values.tolist()
+        rank_zero_info(
+            f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} MiB "
+            f"(largest of {per_rank.shape[0]} rank(s))"
+        )
+        log_to_loggers(trainer, {"memory/parameters_mb": params_mb, "memory/optimizer_state_mb": optimizer_mb})
+        self._state_reported = True
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._state_reported:
+            self._report_model_state(trainer, pl_module)
         device = trainer.strategy.root_device
         mine = torch.tensor([peak_memory_mb(device)], dtype=torch.float64, device=device)
         per_rank = trainer.strategy.all_gather(mine).reshape(-1).cpu().tolist()
