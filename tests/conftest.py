@@ -39,3 +39,11 @@ def run_train(args, cwd: Path, timeout: float = 240, env=None) -> subprocess.Com
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def strategy_runs(fashion_root, tmp_path_factory):
+    """Short mlp runs (tests/strategy_runs.py), each started once per session however many tests read it."""
+    from tests.strategy_runs import StrategyRuns
+
+    return StrategyRuns(fashion_root, tmp_path_factory.mktemp("strategy_runs"))

@@ -39,3 +39,48 @@ class SlowValidation(Callback):
 
     def on_validation_epoch_end(self, trainer, pl_module):
         time.sleep(self.seconds)
+
+
+class WeightsRecorder(Callback):
+    """At the end of training, what ddp/fsdp equivalence and sharding tests compare.
+
+    Rank 0 saves the full (gathered) weights before the first and after the last step
+    to ``$SAMPLE_RECORD_DIR/initial.pt`` and ``weights.pt``; every rank writes
+    ``shard<rank>.json``: the parameter and optimizer-state elements it holds itself,
+    and the per-step training loss averaged over ranks.
+    """
+
+    def __init__(self) -> None:
+        self.losses = []
+
+    @staticmethod
+    def _save_weights(trainer, name: str) -> None:
+        import torch
+
+        state = trainer.strategy.lightning_module_state_dict()  # a collective under fsdp
+        if trainer.is_global_zero:
+            torch.save({k: v.detach().cpu() for k, v in state.items()}, Path(os.environ["SAMPLE_RECORD_DIR"]) / name)
+
+    def on_train_start(self, trainer, pl_module):
+        self._save_weights(trainer, "initial.pt")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs["loss"].detach() if isinstance(outputs, dict) else outputs.detach()
+        self.losses.append(float(trainer.strategy.reduce(loss, reduce_op="mean")))
+
+    def on_train_end(self, trainer, pl_module):
+        import torch
+
+        self._save_weights(trainer, "weights.pt")
+        optimizer_state = sum(
+            value.numel()
+            for per_param in trainer.optimizers[0].state.values()
+            for value in per_param.values()
+            if torch.is_tensor(value) and value.dim() > 0
+        )
+        record = {
+            "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "optimizer_state": optimizer_state,
+            "losses": self.losses,
+        }
+        (Path(os.environ["SAMPLE_RECORD_DIR"]) / f"shard{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -1,0 +1,57 @@
+"""``--strategy fsdp`` on CPU processes over gloo: really sharded, same training as ddp, portable checkpoints."""
+
+import pytest
+import torch
+
+from tests.conftest import run_train
+from tests.test_equivalence import DDP2, MOMENTUM
+
+pytestmark = pytest.mark.multiprocess
+
+FSDP2 = ("--strategy", "fsdp", "--devices", "2", "--batch_size", "16", *MOMENTUM)
+MLP_PARAMETERS = 784 * 256 + 256 + 256 * 10 + 10
+
+
+@pytest.fixture(scope="module")
+def fsdp(strategy_runs):
+    """A 2-rank fsdp run that also tests its best checkpoint after fit, as `make train` does."""
+    return strategy_runs.get(*FSDP2, "--test_after_fit", "true")
+
+
+@pytest.fixture(scope="module")
+def ddp(strategy_runs):
+    return strategy_runs.get(*DDP2, "--batch_size", "16", *MOMENTUM)
+
+
+def test_fsdp_on_cpu_runs_lightnings_fsdp_over_gloo(fsdp):
+    assert "strategy fsdp, backend gloo" in fsdp.output
+    assert "test/acc" in fsdp.output  # test after fit reloads the best checkpoint into the sharded model
+
+
+def test_each_rank_holds_half_the_parameters_and_optimizer_state(fsdp, ddp):
+    assert [s["parameters"] for s in ddp.shards] == [MLP_PARAMETERS] * 2
+    assert [s["optimizer_state"] for s in ddp.shards] == [MLP_PARAMETERS] * 2  # one momentum buffer per weight
+    assert [s["parameters"] for s in fsdp.shards] == [MLP_PARAMETERS // 2] * 2
+    assert [s["optimizer_state"] for s in fsdp.shards] == [MLP_PARAMETERS // 2] * 2
+    # The run reports it too (largest rank, float32).
+    assert f"parameters {MLP_PARAMETERS * 4 / 2 / 2**20:.2f} MiB" in fsdp.output
+
+
+def test_fsdp_trains_exactly_like_ddp(fsdp, ddp):
+    assert fsdp.distance(ddp) < 1e-6
+    assert fsdp.shards[0]["losses"] == pytest.approx(ddp.shards[0]["losses"], abs=1e-6)
+    assert fsdp.moved() > 1e-2  # it did train
+
+
+def test_a_checkpoint_saved_under_fsdp_loads_in_a_single_process(fsdp, fashion_root):
+    checkpoint = fsdp.cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt"
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
+    assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in fsdp.weights.items()}
+    assert all(torch.equal(saved[k], fsdp.weights[k]) for k in saved)  # full, unsharded weights
+    result = run_train(
+        ["test", "--accelerator", "cpu", "--devices", "1", "--network", "mlp", "--data_dir", str(fashion_root),
+         "--ckpt_path", str(checkpoint)],
+        cwd=fsdp.cwd,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test/acc" in result.stdout
