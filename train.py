@@ -26,6 +26,7 @@ from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_he
 from datamodules import DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import register_strategies
+from strategies.dp import require_cuda_for_dp
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -64,6 +65,11 @@ class FashionMNISTCLI(LightningCLI):
         max_epochs = config.trainer.max_epochs
         if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
             raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
+        if str(config.trainer.strategy).lower() == "dp":
+            try:
+                require_cuda_for_dp()
+            except MisconfigurationException as error:
+                raise ConfigError(one_line(error)) from error
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path.split(":")[0] not in CHECKPOINT_KEYWORDS and not Path(ckpt_path).is_file():
             raise CheckpointNotFoundError(

@@ -74,6 +74,9 @@ def test_cli_without_gpu_exits_2_with_one_line_and_writes_nothing(workdir, fashi
     "args",
     [
         ["--strategy", "dp", "--accelerator", "cpu"],
+        ["--strategy", "dp", "--accelerator", "gpu"],  # Lightning alone would say "No supported gpu backend found!"
+        ["--strategy", "dp", "--devices", "0,2"],
+        ["--config", str(REPO / "configs" / "strategy" / "dp.yaml")],
         ["--strategy", "DP"],
         ["--trainer.strategy", '{"class_path": "strategies.DataParallelStrategy"}'],  # the strategy's own check
     ],
