@@ -10,6 +10,8 @@ those tests are at the end and are skipped here.
 
 from types import SimpleNamespace
 
+import csv
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,9 +20,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import StrategyRegistry
 
 import train
+from callbacks import ThroughputReport
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import DataParallelStrategy, register_strategies
@@ -254,8 +258,9 @@ def test_fit_with_simulated_gpus_batch_math_metrics_and_a_checkpoint_that_loads_
     strategy = CountingSimulatedDataParallel(parallel_devices=[torch.device("cpu")] * n_gpus)
     recorder = Recorder()
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
-    trainer = Trainer(strategy=strategy, max_epochs=1, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, default_root_dir=tmp_path, callbacks=[recorder, checkpoint])
+    trainer = Trainer(strategy=strategy, max_epochs=1, logger=CSVLogger(tmp_path), enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=tmp_path,
+                      callbacks=[recorder, checkpoint, ThroughputReport()])
     model = FashionMNISTClassifier(base_lr=0.01)
     data = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=batch_size, eval_batch_size=20)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -271,6 +276,10 @@ def test_fit_with_simulated_gpus_batch_math_metrics_and_a_checkpoint_that_loads_
     assert summary["scaled_lr"] == pytest.approx(0.01 * n_gpus)  # linear rule over the effective batch
     assert 0.0 <= trainer.callback_metrics["val/acc"] <= 1.0 and torch.isfinite(trainer.callback_metrics["val/loss"])
     assert any(not torch.equal(initial[k], v) for k, v in model.state_dict().items())  # it trained
+    rows = csv.DictReader((tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines())
+    (logged,) = [row for row in rows if row["throughput/images_per_sec"]]
+    per_device = float(logged["throughput/images_per_sec"]) / n_gpus  # one process, but 3 devices
+    assert float(logged["throughput/images_per_sec_per_device"]) == pytest.approx(per_device)
     assert "forward" not in model.__dict__  # teardown removed the route
 
     # The checkpoint is a plain LightningModule checkpoint: it loads strictly into a model that never saw dp.
