@@ -27,6 +27,7 @@ from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_he
 from datamodules import DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
+from strategies.dp import require_cuda_for_dp
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
@@ -74,8 +75,13 @@ class FashionMNISTCLI(LightningCLI):
 
     @staticmethod
     def _check_strategy(config) -> None:
-        """``--strategy fsdp`` on CPU runs our gloo FSDP (Lightning refuses CPU); refuse layer-wise optimizers."""
+        """dp needs GPUs; ``--strategy fsdp`` on CPU runs our gloo FSDP (Lightning refuses CPU), without layer-wise optimizers."""
         trainer = config.trainer
+        if str(trainer.strategy).lower() == "dp":
+            try:
+                require_cuda_for_dp()
+            except MisconfigurationException as error:
+                raise ConfigError(one_line(error)) from error
         if trainer.strategy == "fsdp" and (
             trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
         ):

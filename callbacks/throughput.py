@@ -81,15 +81,18 @@ class GlobalThroughput:
     compute_s: float
 
 
-def combine_ranks(timings: List[EpochTiming]) -> GlobalThroughput:
-    """All ranks' images over the slowest rank's time; data-wait and compute are rank means."""
+def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1) -> GlobalThroughput:
+    """All ranks' images over the slowest rank's time; data-wait and compute are rank means.
+
+    ``devices_per_rank``: GPUs one process drives (dp); the per-device rate divides by every device.
+    """
     n = len(timings)
     images = sum(t.images for t in timings)
     seconds = max(t.seconds for t in timings)
     rate = images / seconds if seconds > 0 else 0.0
     return GlobalThroughput(
         images_per_sec=rate,
-        images_per_sec_per_device=rate / n,
+        images_per_sec_per_device=rate / (n * devices_per_rank),
         epoch_s=seconds,
         data_wait_s=sum(t.data_wait_s for t in timings) / n,
         compute_s=sum(t.compute_s for t in timings) / n,
@@ -163,7 +166,10 @@ class ThroughputReport(Callback):
             [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s], dtype=torch.float64
         )
         gathered = trainer.strategy.all_gather(local.to(trainer.strategy.root_device)).cpu().reshape(-1, 4)
-        result = combine_ranks([EpochTiming(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in gathered])
+        result = combine_ranks(
+            [EpochTiming(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in gathered],
+            devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1),
+        )
         self.cumulative_s += result.epoch_s
         metrics = {
             "throughput/images_per_sec": result.images_per_sec,
