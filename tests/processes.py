@@ -1,8 +1,11 @@
-"""Several training processes at once, each with a hard deadline; on timeout every process they started dies.
+"""Several training processes at once under one hard deadline; when they end or time out, nothing they started lives on.
 
-``subprocess.run(timeout=...)`` kills only the process it started. torchrun's workers run
-in sessions of their own and Lightning's ddp launcher starts its ranks as children, so
-here the whole tree is found through /proc and killed (Linux, as CI).
+``subprocess.run(timeout=...)`` kills only the process it started. Lightning's ddp launcher
+starts its ranks as children (same process group), and torchrun's workers run in sessions
+of their own. So each job runs in a new session, its exit is observed without reaping it
+(``WNOWAIT``: while it is a zombie its pid, and so its process group id, cannot be reused),
+and ``stop`` then signals its process group and every process below it found through /proc
+(Linux, as CI) before reaping it.
 """
 
 import os
@@ -21,7 +24,7 @@ LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """This environment without launcher, cluster (SLURM_*) or data-dir variables, unbuffered, one thread each."""
+    """This environment without launcher, cluster (SLURM_*) or data-dir variables; unbuffered, one thread each."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("SLURM_")}
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, **(extra or {}))
     return env
@@ -44,7 +47,7 @@ def _stat(pid: int) -> Optional[Tuple[int, int]]:
 
 
 def process_tree(pid: int) -> Set[Tuple[int, int]]:
-    """``pid`` and every live process below it, whatever its session, as (pid, start time)."""
+    """Every running process below ``pid`` (and ``pid`` itself), whatever its session, as (pid, start time)."""
     children: Dict[int, List[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
@@ -54,18 +57,13 @@ def process_tree(pid: int) -> Set[Tuple[int, int]]:
         current = todo.pop()
         if (stat := _stat(current)) is not None:
             found.add((current, stat[1]))
-            todo.extend(children.get(current, []))
+        todo.extend(children.get(current, []))
     return found
 
 
-def _signal(tree: Set[Tuple[int, int]], sig: int) -> None:
-    for pid, started in tree:
-        stat = _stat(pid)
-        if stat is not None and stat[1] == started:  # the same process, not a new one that reused its pid
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+def _alive(tree: Set[Tuple[int, int]]) -> Set[Tuple[int, int]]:
+    """The members of ``tree`` still running: same pid and same start time (not a new process that reused the pid)."""
+    return {(pid, started) for pid, started in tree if (stat := _stat(pid)) is not None and stat[1] == started}
 
 
 @dataclass
@@ -77,6 +75,24 @@ class Job:
     cwd: Path
     stdout_path: Path
     stderr_path: Path
+
+    def exited(self) -> bool:
+        """Whether the process has ended, without reaping it (its pid stays reserved until ``stop``)."""
+        if self.proc.returncode is not None:
+            return True
+        return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+    def signal_all(self, tree: Set[Tuple[int, int]], sig: int) -> None:
+        if self.proc.returncode is None:  # not reaped: the group id is still ours
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        for pid, _ in _alive(tree):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
 
     @property
     def returncode(self) -> Optional[int]:
@@ -104,38 +120,37 @@ def start(name: str, argv: Sequence[str], cwd: Path, log_dir: Path, env: Dict[st
     return Job(name, proc, cwd, out, err)
 
 
-def _alive(tree: Set[Tuple[int, int]]) -> bool:
-    return any(_stat(pid) is not None and _stat(pid)[1] == started for pid, started in tree)
-
-
 def stop(jobs: Sequence[Job], grace_s: float = 10.0) -> None:
-    """SIGTERM each running job's tree (torchrun then stops its workers itself), SIGKILL what is left after ``grace_s``.
+    """SIGTERM each job's group and tree (torchrun then stops its workers), SIGKILL what is left after ``grace_s``,
+    then reap the jobs.
 
-    The tree is taken before any signal (a worker whose parent died is no longer below it), and
-    only below a job not yet reaped: a reaped job's pid may already belong to someone else.
+    The trees are taken before any signal (a worker whose parent died is no longer below it),
+    and only for jobs not reaped yet: a reaped job's pid may already be someone else's.
     """
-    trees = [process_tree(job.proc.pid) if job.proc.poll() is None else set() for job in jobs]
-    for tree in trees:
-        _signal(tree, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and (any(job.proc.poll() is None for job in jobs) or any(map(_alive, trees))):
-        time.sleep(0.2)
+    jobs = [job for job in jobs if job.proc.returncode is None]
+    trees = [process_tree(job.proc.pid) for job in jobs]
     for job, tree in zip(jobs, trees):
-        if job.proc.poll() is None:
-            tree = tree | process_tree(job.proc.pid)
-        _signal(tree, signal.SIGKILL)
+        job.signal_all(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and not all(job.exited() and not _alive(tree) for job, tree in zip(jobs, trees)):
+        time.sleep(0.1)
+    for job, tree in zip(jobs, trees):
+        job.signal_all(tree | process_tree(job.proc.pid), signal.SIGKILL)
         job.proc.wait()
 
 
 def wait_all(jobs: Sequence[Job], timeout_s: float) -> Optional[str]:
-    """Wait for every job until one shared deadline; on timeout stop them all and return why, else None."""
+    """Wait for every job until one shared deadline, then ``stop`` them all: returns why on timeout, else None."""
     deadline = time.monotonic() + timeout_s
+    timed_out = False
     try:
-        for job in jobs:
-            job.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        stop(jobs)
-        return f"timed out after {timeout_s:.0f} s:\n" + "\n".join(job.tail() for job in jobs)
+        while not all(job.exited() for job in jobs):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.2)
     finally:
-        stop(jobs)  # nothing left behind, also when the caller's assertion fails next
+        stop(jobs)  # also reaps them; runs too when the wait itself fails
+    if timed_out:
+        return f"timed out after {timeout_s:.0f} s:\n" + "\n".join(job.tail() for job in jobs)
     return None
