@@ -1,8 +1,9 @@
 """Callbacks that tests add through the real CLI (``--trainer.callbacks+=tests.recorder.SampleRecorder``).
 
-``SampleRecorder``: each rank writes which samples it trained and validated on to
-``$SAMPLE_RECORD_DIR/rank<global rank>.json``. ``PrepareDataRecorder``: every call of
-the data module's ``prepare_data`` in a process goes to ``$SAMPLE_RECORD_DIR/prepare_data-rank<r>.jsonl``.
+``SampleRecorder``: each rank writes which samples it trained and validated on, and the port of
+its process group's store, to ``$SAMPLE_RECORD_DIR/rank<global rank>.json``.
+``PrepareDataRecorder``: every call of the data module's ``prepare_data`` in a process goes to
+``$SAMPLE_RECORD_DIR/prepare_data-rank<r>.jsonl``.
 """
 
 import json
@@ -30,7 +31,10 @@ class SampleRecorder(Callback):
 
     def on_fit_end(self, trainer, pl_module):
         out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"rank{trainer.global_rank}.json"
-        out.write_text(json.dumps({"world_size": trainer.world_size, "train": self.train, "val": self.val}))
+        environment = getattr(trainer.strategy, "cluster_environment", None)  # None: a single-device run
+        port = environment.main_port if environment is not None else None
+        out.write_text(json.dumps({"world_size": trainer.world_size, "main_port": port,
+                                   "train": self.train, "val": self.val}))
 
 
 class SlowValidation(Callback):

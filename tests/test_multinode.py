@@ -28,7 +28,7 @@ TIMEOUT_S = 420
 
 
 def launch_nodes(base: Path, fashion_root: Path, nproc_per_node: int):
-    """Start both nodes at once and wait for both; returns (jobs, record dir)."""
+    """Start both nodes at once and wait for both; returns (jobs, record dir, master port)."""
     record = base / "record"
     record.mkdir()
     port = free_port()
@@ -45,19 +45,19 @@ def launch_nodes(base: Path, fashion_root: Path, nproc_per_node: int):
         jobs.append(start(f"node{node}", argv, cwd, base / "logs", clean_env({"SAMPLE_RECORD_DIR": str(record)})))
     timed_out = wait_all(jobs, TIMEOUT_S)
     assert timed_out is None, timed_out
-    return jobs, record
+    return jobs, record, port
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["2x1", "2x2"])
 def nodes(request, tmp_path_factory, fashion_root):
     """Two nodes × ``param`` CPU processes each."""
     nproc = request.param
-    jobs, record = launch_nodes(tmp_path_factory.mktemp(f"nodes{nproc}"), fashion_root, nproc)
-    return nproc, jobs, record
+    jobs, record, port = launch_nodes(tmp_path_factory.mktemp(f"nodes{nproc}"), fashion_root, nproc)
+    return nproc, jobs, record, port
 
 
 def test_training_finishes_on_both_nodes(nodes):
-    nproc, jobs, _ = nodes
+    nproc, jobs, _, _ = nodes
     assert [job.returncode for job in jobs] == [0, 0], "\n".join(job.tail() for job in jobs)
     world = NODES * nproc
     log = jobs[0].stdout + jobs[0].stderr
@@ -66,10 +66,10 @@ def test_training_finishes_on_both_nodes(nodes):
 
 
 def test_ranks_train_on_disjoint_shards_and_validate_each_image_once(nodes):
-    nproc, _, record = nodes
+    nproc, _, record, port = nodes
     world = NODES * nproc
     ranks = [json.loads((record / f"rank{r}.json").read_text()) for r in range(world)]
-    assert [r["world_size"] for r in ranks] == [world] * world
+    assert [(r["world_size"], r["main_port"]) for r in ranks] == [(world, port)] * world  # one group, torchrun's
     for epoch in ("0", "1"):
         shards = [r["train"][epoch] for r in ranks]
         assert [len(s) for s in shards] == [N_TRAIN // world] * world
@@ -79,7 +79,7 @@ def test_ranks_train_on_disjoint_shards_and_validate_each_image_once(nodes):
 
 
 def test_only_global_rank0_prints_and_writes_logs_and_checkpoints(nodes):
-    _, (node0, node1), _ = nodes
+    _, (node0, node1), _, _ = nodes
     assert [int(m.group(1)) for m in epoch_lines(node0.stdout)] == [1, 2]
     assert epoch_lines(node1.stdout) == []
     assert (node0.stdout + node0.stderr).count("Run configuration") == 1
@@ -94,7 +94,7 @@ def test_only_global_rank0_prints_and_writes_logs_and_checkpoints(nodes):
 
 def test_each_nodes_local_rank0_alone_prepares_that_nodes_own_data(nodes):
     """train.py checks the files before fit (``cli``), Lightning calls prepare_data in fit and in the test after it."""
-    nproc, (node0, node1), record = nodes
+    nproc, (node0, node1), record, _ = nodes
     calls = {int(p.stem.removeprefix("prepare_data-rank")): [json.loads(line) for line in p.read_text().splitlines()]
              for p in record.glob("prepare_data-rank*.jsonl")}
     assert sorted(calls) == [0, nproc]  # global rank of local rank 0 on node 0 and on node 1
