@@ -120,6 +120,18 @@ def start(name: str, argv: Sequence[str], cwd: Path, log_dir: Path, env: Dict[st
     return Job(name, proc, cwd, out, err)
 
 
+def start_all(commands: Sequence[Tuple[str, Sequence[str], Path, Dict[str, str]]], log_dir: Path) -> List[Job]:
+    """``start`` each (name, argv, cwd, env) right after the other; if one cannot start, stop those already running."""
+    jobs: List[Job] = []
+    try:
+        for name, argv, cwd, env in commands:
+            jobs.append(start(name, argv, cwd, log_dir, env))
+    except BaseException:
+        stop(jobs)
+        raise
+    return jobs
+
+
 def stop(jobs: Sequence[Job], grace_s: float = 10.0) -> None:
     """SIGTERM each job's group and tree (torchrun then stops its workers), SIGKILL what is left after ``grace_s``,
     then reap the jobs.

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.conftest import TRAIN_PY, run_train
-from tests.processes import clean_env, start, wait_all
+from tests.processes import clean_env, start_all, wait_all
 from tests.test_training import epoch_lines
 
 pytestmark = pytest.mark.multiprocess
@@ -77,7 +77,7 @@ def test_two_jobs_started_together_without_master_port_pick_different_ports(tmp_
     With one fixed port the second job's store fails with "address already in use" and its
     rank 1 may join the first job instead.
     """
-    jobs = []
+    commands = []
     for name in ("job_a", "job_b"):
         cwd, record = tmp_path / name, tmp_path / f"{name}_record"
         cwd.mkdir()
@@ -85,8 +85,8 @@ def test_two_jobs_started_together_without_master_port_pick_different_ports(tmp_
         argv = [str(TRAIN_PY), "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--data_dir",
                 str(fashion_root), "--epochs", "1", "--batch_size", "32", "--test_after_fit", "false",
                 "--trainer.callbacks+=tests.recorder.SampleRecorder"]
-        env = clean_env({"SAMPLE_RECORD_DIR": str(record)})  # clean_env drops MASTER_PORT and MASTER_ADDR
-        jobs.append(start(name, argv, cwd, tmp_path / "logs", env))
+        commands.append((name, argv, cwd, clean_env({"SAMPLE_RECORD_DIR": str(record)})))  # drops MASTER_PORT
+    jobs = start_all(commands, tmp_path / "logs")
     timed_out = wait_all(jobs, 300)
     assert timed_out is None, timed_out
     assert [job.returncode for job in jobs] == [0, 0], "\n".join(job.tail() for job in jobs)

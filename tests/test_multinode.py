@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TRAIN_PY
-from tests.processes import clean_env, free_port, start, wait_all
+from tests.processes import clean_env, free_port, start_all, wait_all
 from tests.test_training import epoch_lines
 
 pytestmark = pytest.mark.multiprocess
@@ -32,7 +32,7 @@ def launch_nodes(base: Path, fashion_root: Path, nproc_per_node: int):
     record = base / "record"
     record.mkdir()
     port = free_port()
-    jobs = []
+    commands = []
     for node in range(NODES):
         cwd = base / f"node{node}"
         shutil.copytree(fashion_root, cwd / "data")
@@ -42,7 +42,8 @@ def launch_nodes(base: Path, fashion_root: Path, nproc_per_node: int):
                 "--num_nodes", str(NODES), "--epochs", "2", "--batch_size", "32",
                 "--trainer.callbacks+=tests.recorder.SampleRecorder",
                 "--trainer.callbacks+=tests.recorder.PrepareDataRecorder"]
-        jobs.append(start(f"node{node}", argv, cwd, base / "logs", clean_env({"SAMPLE_RECORD_DIR": str(record)})))
+        commands.append((f"node{node}", argv, cwd, clean_env({"SAMPLE_RECORD_DIR": str(record)})))
+    jobs = start_all(commands, base / "logs")
     timed_out = wait_all(jobs, TIMEOUT_S)
     assert timed_out is None, timed_out
     return jobs, record, port
