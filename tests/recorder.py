@@ -1,7 +1,10 @@
-"""A callback that tests add through the real CLI (``--trainer.callbacks+=tests.recorder.SampleRecorder``).
+"""Callbacks that tests add through the real CLI (``--trainer.callbacks+=tests.recorder.SampleRecorder``).
 
-Each rank writes which samples it trained and validated on to
-``$SAMPLE_RECORD_DIR/rank<global rank>.json``.
+``SampleRecorder``: each rank writes which samples it trained and validated on, and the port of
+its process group's store, to ``$SAMPLE_RECORD_DIR/rank<global rank>.json``.
+``WeightsRecorder``: full weights before and after training, and what each rank held.
+``PrepareDataRecorder``: every call of the data module's ``prepare_data`` in a process goes to
+``$SAMPLE_RECORD_DIR/prepare_data-rank<r>.jsonl``.
 """
 
 import json
@@ -11,6 +14,7 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from datamodules import FashionMNISTDataModule
 from tests.idx_files import sample_ids
 
 
@@ -28,7 +32,10 @@ class SampleRecorder(Callback):
 
     def on_fit_end(self, trainer, pl_module):
         out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"rank{trainer.global_rank}.json"
-        out.write_text(json.dumps({"world_size": trainer.world_size, "train": self.train, "val": self.val}))
+        environment = getattr(trainer.strategy, "cluster_environment", None)  # None: a single-device run
+        port = environment.main_port if environment is not None else None
+        out.write_text(json.dumps({"world_size": trainer.world_size, "main_port": port,
+                                   "train": self.train, "val": self.val}))
 
 
 class SlowValidation(Callback):
@@ -84,3 +91,45 @@ class WeightsRecorder(Callback):
             "losses": self.losses,
         }
         (Path(os.environ["SAMPLE_RECORD_DIR"]) / f"shard{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def _env_int(*names: str) -> int:
+    """The first of ``names`` set in the environment (torchrun and Lightning's launcher set them), else 0."""
+    return next((int(os.environ[n]) for n in names if n in os.environ), 0)
+
+
+class PrepareDataRecorder(Callback):
+    """Records, without changing it, every ``FashionMNISTDataModule.prepare_data`` call in this process.
+
+    No Callback hook sees ``prepare_data``, and train.py calls it already in ``before_fit``
+    (the CLI's pre-launch check) before Lightning calls it again inside ``fit``. So the
+    constructor, which the CLI runs before either, wraps the method on the class. Each call
+    appends one JSON line: ranks (the trainer's once attached, else the launcher's environment),
+    which call site (``cli`` before fit, ``lightning:fit`` / ``lightning:test`` inside Lightning's
+    fit and the test after it), the folder checked and the
+    files it found missing there.
+    """
+
+    def __init__(self) -> None:
+        original = FashionMNISTDataModule.prepare_data
+        if getattr(original, "recorded_by", None) is PrepareDataRecorder:
+            return  # already wrapped in this process
+
+        def prepare_data(datamodule: FashionMNISTDataModule) -> None:
+            trainer = datamodule.trainer
+            if trainer is not None:
+                ranks = {"global_rank": trainer.global_rank, "local_rank": trainer.local_rank,
+                         "node_rank": trainer.node_rank}
+            else:
+                ranks = {"global_rank": _env_int("RANK"), "local_rank": _env_int("LOCAL_RANK"),
+                         "node_rank": _env_int("GROUP_RANK", "NODE_RANK")}
+            caller = f"lightning:{trainer.state.fn.value}" if trainer is not None else "cli"
+            entry = dict(ranks, caller=caller, pid=os.getpid(),
+                         raw_folder=str(datamodule.raw_folder.resolve()), missing=datamodule.missing_files())
+            out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"prepare_data-rank{ranks['global_rank']}.jsonl"
+            with out.open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+            original(datamodule)
+
+        prepare_data.recorded_by = PrepareDataRecorder
+        FashionMNISTDataModule.prepare_data = prepare_data

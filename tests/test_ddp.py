@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from tests.conftest import run_train
+from tests.conftest import TRAIN_PY, run_train
+from tests.processes import clean_env, start_all, wait_all
 from tests.test_training import epoch_lines
 
 pytestmark = pytest.mark.multiprocess
@@ -68,3 +69,33 @@ def test_two_process_predictions_equal_one_process(ddp_run, fashion_root, tmp_pa
         outputs.append((out_dir / "predictions.csv").read_text())
     assert outputs[0] == outputs[1]
     assert len(outputs[0].splitlines()) == 102
+
+
+def test_two_jobs_started_together_without_master_port_pick_different_ports(tmp_path, fashion_root):
+    """No MASTER_PORT: Lightning's launcher takes a free port (bind(0)) per job, so two jobs do not collide.
+
+    With one fixed port the second job's store fails with "address already in use" and its
+    rank 1 may join the first job instead.
+    """
+    commands = []
+    for name in ("job_a", "job_b"):
+        cwd, record = tmp_path / name, tmp_path / f"{name}_record"
+        cwd.mkdir()
+        record.mkdir()
+        argv = [str(TRAIN_PY), "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--data_dir",
+                str(fashion_root), "--epochs", "1", "--batch_size", "32", "--test_after_fit", "false",
+                "--trainer.callbacks+=tests.recorder.SampleRecorder"]
+        commands.append((name, argv, cwd, clean_env({"SAMPLE_RECORD_DIR": str(record)})))  # drops MASTER_PORT
+    jobs = start_all(commands, tmp_path / "logs")
+    timed_out = wait_all(jobs, 300)
+    assert timed_out is None, timed_out
+    assert [job.returncode for job in jobs] == [0, 0], "\n".join(job.tail() for job in jobs)
+    ports = []
+    for job in jobs:
+        ranks = [json.loads((tmp_path / f"{job.name}_record" / f"rank{r}.json").read_text()) for r in (0, 1)]
+        assert sorted(ranks[0]["train"]["0"] + ranks[1]["train"]["0"]) == list(range(256))  # its own two ranks
+        assert ranks[0]["main_port"] == ranks[1]["main_port"]
+        ports.append(ranks[0]["main_port"])
+        assert [int(m.group(1)) for m in epoch_lines(job.stdout)] == [1]
+        assert (job.cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt").is_file()
+    assert ports[0] != ports[1]
