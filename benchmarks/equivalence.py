@@ -1,0 +1,43 @@
+"""The equivalence figures in docs/strategies.md, from the same runs the tests make (tiny IDX data, mlp).
+
+    .venv/bin/python benchmarks/equivalence.py
+
+Prints how far apart the final weights of runs that theory says are equal (or close) end up.
+"""
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.idx_files import write_fashion_mnist  # noqa: E402
+from tests.strategy_runs import StrategyRuns  # noqa: E402
+from tests.test_equivalence import DDP2, MOMENTUM, _plain_sgd  # noqa: E402
+
+
+def main() -> None:
+    base = Path(tempfile.mkdtemp(prefix="equivalence-"))
+    runs = StrategyRuns(write_fashion_mnist(base / "data"), base)
+    one = runs.get("--devices", "1", "--batch_size", "32", *MOMENTUM)
+    ddp = runs.get(*DDP2, "--batch_size", "16", *MOMENTUM)
+    fsdp = runs.get("--strategy", "fsdp", "--devices", "2", "--batch_size", "16", *MOMENTUM)
+    print("8 steps, mlp, SGD momentum 0.9, weight decay 5e-4, lr 0.05, effective batch 32\n")
+    print("| compared | max abs weight difference | weights moved by |")
+    print("|---|---|---|")
+    print(f"| 2 ranks x 16 (ddp) vs 1 process x 32 | {ddp.distance(one):.1e} | {one.moved():.3f} |")
+    print(f"| 2 ranks x 16 fsdp vs ddp | {fsdp.distance(ddp):.1e} | {ddp.moved():.3f} |")
+    print("\nplain SGD: 2 ranks x 16 at 2*lr (linear rule), 8 steps, vs 1 process x 16 at lr\n")
+    print("| lr | vs 16 steps at lr (same images) | vs 8 steps at lr | weights moved by | 16-step gap / moved |")
+    print("|---|---|---|---|---|")
+    for lr in (0.04, 0.02, 0.01):
+        scaled = runs.get(*DDP2, *_plain_sgd(lr), "--lr_scaling", "linear")
+        same_images = runs.get("--devices", "1", *_plain_sgd(lr), "--lr_scaling", "none")
+        same_steps = runs.get("--devices", "1", *_plain_sgd(lr), "--lr_scaling", "none", "--trainer.max_steps", "8")
+        gap = scaled.distance(same_images)
+        print(f"| {lr} | {gap:.2e} | {scaled.distance(same_steps):.2e} | {scaled.moved():.2e} | "
+              f"{gap / scaled.moved():.4f} |")
+
+
+if __name__ == "__main__":
+    main()

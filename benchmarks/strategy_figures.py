@@ -1,0 +1,98 @@
+"""The figures in docs/strategies.md: model state per rank (ddp vs fsdp) and images/sec (1 vs 2 processes).
+
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python benchmarks/strategy_figures.py [--repeats 3] [--batches 60]
+
+Every figure is read from what ``train.py`` itself prints (the "Model state per rank"
+line and the epoch line), so it is what a user sees. Throughput runs alternate
+1-process and 2-process jobs and quote medians of the second epoch's images/sec
+(the first pays for start-up). Needs the real Fashion-MNIST (``$FASHION_MNIST_DIR``).
+"""
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+STATE = re.compile(r"Model state per rank: parameters ([\d.]+) MiB, optimizer state ([\d.]+) MiB")
+EPOCH = re.compile(r"Epoch (\d+): Cumulative Time = [\d.]+, Images/sec = ([\d.]+)")
+
+
+def train(args, threads=None) -> str:
+    """Run train.py in a scratch folder; return its output (stdout and stderr)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory() as cwd:
+        common = ["--accelerator", "cpu", "--test_after_fit", "false", "--trainer.enable_checkpointing", "false",
+                  "--trainer.callbacks", "callbacks.ThroughputReport", "--trainer.callbacks+=callbacks.PeakMemory",
+                  "--trainer.logger", "false"]
+        result = subprocess.run([sys.executable, str(REPO / "train.py"), *common, *args], cwd=cwd, env=env,
+                                capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        raise SystemExit(f"train.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
+
+
+def model_state(network: str, strategy: str, batch: int) -> tuple:
+    out = train(["--strategy", strategy, "--devices", "2", "--network", network, "--batch_size", str(batch),
+                 "--data.eval_batch_size", str(batch), "--epochs", "1", "--trainer.num_sanity_val_steps", "0",
+                 "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"])
+    params, optimizer = map(float, STATE.search(out).groups())
+    return params, optimizer
+
+
+def images_per_sec(devices: int, strategy: str, batches: int, threads) -> float:
+    out = train(["--strategy", strategy, "--devices", str(devices), "--epochs", "2", "--trainer.num_sanity_val_steps",
+                 "0", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1"], threads)
+    rates = {int(epoch): float(rate) for epoch, rate in EPOCH.findall(out)}
+    return rates[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=60, help="training steps per epoch per process")
+    opts = parser.parse_args()
+    if not os.environ.get("FASHION_MNIST_DIR"):
+        raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}")
+    print("\n| network | strategy | parameters / rank (MiB) | optimizer state / rank (MiB) |")
+    print("|---|---|---|---|")
+    for network, batch in (("cnn", 128), ("wrn", 8)):
+        for strategy in ("ddp", "fsdp"):
+            params, optimizer = model_state(network, strategy, batch)
+            print(f"| {network} | {strategy} | {params:.2f} | {optimizer:.2f} |", flush=True)
+
+    # Same machine, both configurations use all cores: 1 process x all threads vs 2 processes x half.
+    cores = os.cpu_count() or 2
+    jobs = {
+        f"1 process x {cores} threads": (1, "auto", cores),
+        f"2 processes (ddp) x {max(1, cores // 2)} thread(s)": (2, "ddp", max(1, cores // 2)),
+        f"2 processes (fsdp) x {max(1, cores // 2)} thread(s)": (2, "fsdp", max(1, cores // 2)),
+    }
+    rates = {name: [] for name in jobs}
+    for _ in range(opts.repeats):  # interleaved, so drift in machine load hits every job alike
+        for name, (devices, strategy, threads) in jobs.items():
+            rates[name].append(images_per_sec(devices, strategy, opts.batches, threads))
+    base = statistics.median(rates[next(iter(jobs))])
+    print(f"\ncnn, batch 128 per process, {opts.batches} steps per epoch, epoch 2, median of {opts.repeats}\n")
+    print("| job | images/sec (median) | runs | vs 1 process |")
+    print("|---|---|---|---|")
+    for name, values in rates.items():
+        median = statistics.median(values)
+        runs = ", ".join(f"{v:.0f}" for v in values)
+        print(f"| {name} | {median:.0f} | {runs} | {median / base:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
