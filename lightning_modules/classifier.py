@@ -17,6 +17,7 @@ from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
 from lightning_modules.networks import NUM_CLASSES, build_network
 from lightning_modules.optim import (
     OptimizerName,
@@ -50,6 +51,9 @@ class FashionMNISTClassifier(LightningModule):
         nesterov: Nesterov momentum for ``sgd`` and ``lars`` (needs momentum > 0).
         weight_decay: Decoupled for adamw, L2 otherwise; never applied to biases or norm weights.
         label_smoothing: Cross-entropy label smoothing.
+        ghost_batch_size: Ghost batch-norm: every batch-norm of the network normalises virtual sub-batches of
+            this many samples (of the per-device batch) in training; ``None``: plain batch-norm. Running
+            statistics, evaluation and checkpoint keys are unchanged (lightning_modules/ghost_batch_norm.py).
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class FashionMNISTClassifier(LightningModule):
         nesterov: bool = False,
         weight_decay: NonNegativeFloat = 5e-4,
         label_smoothing: NonNegativeFloat = 0.0,
+        ghost_batch_size: Optional[PositiveInt] = None,
     ) -> None:
         super().__init__()
         if nesterov and momentum <= 0:
@@ -75,6 +80,8 @@ class FashionMNISTClassifier(LightningModule):
             raise MisconfigurationException(f"model.base_lr must be a finite number > 0, got {base_lr}")
         self.save_hyperparameters()
         self.net = build_network(network, NUM_CLASSES)
+        if ghost_batch_size is not None:
+            use_ghost_batch_norm(self.net, ghost_batch_size)
         self.val_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
         self.val_loss = MeanMetric()
