@@ -22,6 +22,7 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from callbacks import StopAtTarget
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
 from datamodules import DataNotFoundError, FashionMNISTDataModule
@@ -56,6 +57,9 @@ class FashionMNISTCLI(LightningCLI):
             default=True,
             help="fit only: evaluate the best checkpoint on the test split when training ends",
         )
+        # Its own section (--stop_at_target.target_accuracy, shorthand --target_accuracy), not an entry of
+        # trainer.callbacks: a list entry has no key a flag could name. LightningCLI appends it to the callbacks.
+        parser.add_lightning_class_args(StopAtTarget, "stop_at_target")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # LightningCLI warns when both sys.argv and args are set; main() always passes the rewritten argv.

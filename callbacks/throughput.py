@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 
@@ -193,6 +194,22 @@ class ThroughputReport(Callback):
 
     def state_dict(self) -> dict:
         return {"cumulative_s": self.cumulative_s}
+
+    @staticmethod
+    def of(trainer: Trainer, user: Callback) -> "ThroughputReport":
+        """The run's ThroughputReport, for a callback (``user``) that reads ``cumulative_s`` at ``on_train_epoch_end``.
+
+        Callbacks run in list order, so the report must come first: then ``cumulative_s``
+        already includes the epoch that just ended, the number its epoch line prints.
+        """
+        callbacks = list(trainer.callbacks)
+        reports = [c for c in callbacks if isinstance(c, ThroughputReport)]
+        name = type(user).__name__
+        if not reports:
+            raise MisconfigurationException(f"{name} needs callbacks.ThroughputReport in trainer.callbacks (its training time)")
+        if callbacks.index(reports[0]) > callbacks.index(user):
+            raise MisconfigurationException(f"put callbacks.ThroughputReport before {name} in trainer.callbacks")
+        return reports[0]
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.cumulative_s = state_dict.get("cumulative_s", 0.0)

@@ -27,6 +27,8 @@ SHORTHAND_TABLE = {
     "--optimizer": ("--model.optimizer", "sgd"),
     "--network": ("--model.network", "cnn"),
     "--seed": ("--seed_everything", "42"),
+    "--target_accuracy": ("--stop_at_target.target_accuracy", "0.85"),
+    "--patience": ("--stop_at_target.patience", "2"),
 }
 SHORTHAND: Dict[str, str] = {short: full for short, (full, _) in SHORTHAND_TABLE.items()}
 EXAMPLE: Dict[str, str] = {

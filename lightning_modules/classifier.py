@@ -1,6 +1,7 @@
 """FashionMNISTClassifier: the network, its loss and metrics, and the optimizer for the effective batch."""
 
 import math
+import os
 import re
 from functools import partial
 from typing import Any, Dict, Literal, Optional
@@ -11,17 +12,20 @@ from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
 from lightning_modules.networks import NUM_CLASSES, build_network
 from lightning_modules.optim import (
     OptimizerName,
     ScalingRule,
     ScheduleName,
+    add_gradient_noise,
     build_optimizer,
     effective_batch_size,
     lr_factor,
@@ -50,6 +54,12 @@ class FashionMNISTClassifier(LightningModule):
         nesterov: Nesterov momentum for ``sgd`` and ``lars`` (needs momentum > 0).
         weight_decay: Decoupled for adamw, L2 otherwise; never applied to biases or norm weights.
         label_smoothing: Cross-entropy label smoothing.
+        ghost_batch_size: Ghost batch-norm: every batch-norm of the network normalises virtual sub-batches of
+            this many samples (of the per-device batch) in training; ``None``: plain batch-norm. Running
+            statistics, evaluation and checkpoint keys are unchanged (lightning_modules/ghost_batch_norm.py).
+        grad_noise_eta: Gradient noise (Neelakantan et al.): after backward, N(0, eta / (1 + t)^gamma) is added
+            to every gradient, t = optimizer step (0-based). 0: off.
+        grad_noise_gamma: Decay exponent of the gradient-noise variance.
     """
 
     def __init__(
@@ -67,6 +77,9 @@ class FashionMNISTClassifier(LightningModule):
         nesterov: bool = False,
         weight_decay: NonNegativeFloat = 5e-4,
         label_smoothing: NonNegativeFloat = 0.0,
+        ghost_batch_size: Optional[PositiveInt] = None,
+        grad_noise_eta: NonNegativeFloat = 0.0,
+        grad_noise_gamma: NonNegativeFloat = 0.55,
     ) -> None:
         super().__init__()
         if nesterov and momentum <= 0:
@@ -75,6 +88,8 @@ class FashionMNISTClassifier(LightningModule):
             raise MisconfigurationException(f"model.base_lr must be a finite number > 0, got {base_lr}")
         self.save_hyperparameters()
         self.net = build_network(network, NUM_CLASSES)
+        if ghost_batch_size is not None:
+            use_ghost_batch_norm(self.net, ghost_batch_size)
         self.val_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
         self.val_loss = MeanMetric()
@@ -89,6 +104,25 @@ class FashionMNISTClassifier(LightningModule):
         loss = F.cross_entropy(self(images), targets, label_smoothing=self.hparams.label_smoothing)
         self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=len(targets))
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Gradient noise, where every rank holds the final gradient of this step.
+
+        Lightning calls this hook after the closure (forward and backward) and before gradient
+        clipping and ``optimizer.step``; under AMP after unscaling. Under ddp the gradient
+        all-reduce completes inside ``backward`` (with accumulation, only the last micro-batch
+        syncs), so every rank sees the averaged gradient here, and the noise drawn from a generator
+        seeded by (run seed, optimizer step) is the same on every rank. Under fsdp each rank holds
+        other elements (its shard): its rank is mixed into the seed so shards get independent noise.
+        """
+        hp = self.hparams
+        if hp.grad_noise_eta > 0:
+            trainer = self.trainer
+            stream = trainer.global_rank if isinstance(trainer.strategy, FSDPStrategy) else 0
+            seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set on every rank by seed_everything
+            std = add_gradient_noise(self.parameters(), trainer.global_step, hp.grad_noise_eta, hp.grad_noise_gamma,
+                                     seed=seed, stream=stream)
+            self.log("train/grad_noise_std", std, on_step=True, on_epoch=False)  # same on every rank: no sync
 
     def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> None:
         images, targets = batch

@@ -6,11 +6,13 @@ here, free of Lightning, where tests can pin them down:
 * effective batch = per-device batch × devices × nodes × gradient accumulation;
 * lr = base_lr × f(effective batch / base_batch_size), f = 1, x or √x;
 * warm-up ramps linearly from base_lr to that lr, one step per optimizer step,
-  then the schedule (constant, cosine to zero, or step decay) takes over.
+  then the schedule (constant, cosine to zero, or step decay) takes over;
+* gradient noise (Neelakantan et al., 2015): N(0, η/(1+t)^γ) added to every gradient.
 """
 
+import hashlib
 import math
-from typing import Dict, Iterable, List, Literal
+from typing import Dict, Iterable, List, Literal, Optional
 
 import torch
 from torch import nn
@@ -122,3 +124,44 @@ def build_optimizer(
     if name == "lars":
         return torch_optimizer.LARS(params, lr=lr, momentum=momentum, nesterov=nesterov)
     raise ValueError(f"unknown optimizer {name!r}; choose one of: sgd, adamw, novograd, lamb, lars")
+
+
+def grad_noise_variance(step: int, eta: float, gamma: float = 0.55) -> float:
+    """Variance of the gradient noise at optimizer step ``step`` (0-based): η / (1 + t)^γ (Neelakantan et al.)."""
+    return eta / (1.0 + step) ** gamma
+
+
+def grad_noise_seed(seed: int, step: int, stream: int = 0) -> int:
+    """The generator seed for one step: the same on every rank for the same run seed and step.
+
+    A 32-bit hash of (seed, stream, step): torch's CPU generator keeps only the low 32 bits of a
+    seed, so packing the three into one 64-bit number would lose the run seed. ``stream`` separates
+    ranks whose gradients are different tensors (fsdp shards), so their noise is independent
+    rather than the same numbers repeated in every shard.
+    """
+    digest = hashlib.blake2b(f"grad-noise:{seed}:{stream}:{step}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+@torch.no_grad()
+def add_gradient_noise(
+    params: Iterable[torch.nn.Parameter], step: int, eta: float, gamma: float = 0.55, seed: int = 0, stream: int = 0
+) -> float:
+    """Add N(0, η/(1+t)^γ) to every gradient in ``params`` (in their order), drawn from a generator seeded by step.
+
+    Under ddp, call it after the all-reduce: every rank then holds the same gradients and, the
+    generator being seeded from (seed, step) alone, adds the same noise, so the replicas stay
+    identical (and equal to one process's run at the effective batch). Returns the standard deviation used.
+    """
+    std = math.sqrt(grad_noise_variance(step, eta, gamma))
+    generators: Dict[torch.device, torch.Generator] = {}
+    for param in params:
+        grad: Optional[torch.Tensor] = param.grad
+        if grad is None or grad.numel() == 0:
+            continue
+        generator = generators.get(grad.device)
+        if generator is None:
+            generator = generators[grad.device] = torch.Generator(device=grad.device)
+            generator.manual_seed(grad_noise_seed(seed, step, stream))
+        grad.add_(torch.randn(grad.shape, generator=generator, device=grad.device, dtype=grad.dtype), alpha=std)
+    return std

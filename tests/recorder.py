@@ -133,3 +133,32 @@ class PrepareDataRecorder(Callback):
 
         prepare_data.recorded_by = PrepareDataRecorder
         FashionMNISTDataModule.prepare_data = prepare_data
+
+
+class RankWeights(Callback):
+    """ddp: every rank's own weights after training, and whether its gradients were already synced.
+
+    At every ``on_before_optimizer_step`` (callbacks run before the LightningModule's hook, so before
+    any gradient noise) the ranks' gradients are all-gathered and compared; each rank writes
+    ``rank_weights<rank>.pt`` (its ``state_dict``) and ``rank_grads<rank>.json`` (one bool per step).
+    """
+
+    def __init__(self) -> None:
+        self.grads_equal = []
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        import torch
+        import torch.distributed as dist
+
+        flat = torch.cat([p.grad.detach().flatten() for p in pl_module.parameters() if p.grad is not None])
+        gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, flat)
+        self.grads_equal.append(all(torch.equal(g, gathered[0]) for g in gathered))
+
+    def on_train_end(self, trainer, pl_module):
+        import torch
+
+        record = Path(os.environ["SAMPLE_RECORD_DIR"])
+        torch.save({k: v.detach().cpu() for k, v in pl_module.state_dict().items()},
+                   record / f"rank_weights{trainer.global_rank}.pt")
+        (record / f"rank_grads{trainer.global_rank}.json").write_text(json.dumps(self.grads_equal))

@@ -88,6 +88,8 @@ BAD_VALUES = [
     (["--lr_scaling", "cubic"], "model.lr_scaling"),
     (["--warmup_epochs", "-1"], "model.warmup_epochs"),
     (["--seed", "abc"], "seed_everything"),
+    (["--target_accuracy", "1.5"], "stop_at_target.target_accuracy"),
+    (["--patience", "0"], "stop_at_target.patience"),
     (["--lr"], "--lr needs a value"),
     (["--epochs", "2", "--trainer.max_epochs", "3"], "conflicting values"),
     (["--no_such_flag", "1"], "unrecognized arguments"),

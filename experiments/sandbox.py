@@ -1,0 +1,266 @@
+"""Experiment 1, the DDP sandbox: one linear neuron, trained on one process and on N gloo processes.
+
+    python -m experiments.sandbox --world_size 2 --batch_size 128 --lr 1e-3
+    python -m experiments.sandbox --world_size 4 --noise 0.1 --n_experiments 10000 --lr_scaling sqrt
+
+The model is y_hat = w·x with w initialised to 1, trained by plain SGD on the mean squared
+error towards target 0 from input 1 (``--noise s``: x = 1 + s·ε1, y = s·ε2, ε standard normal).
+``--lr`` is the learning rate known to work at the per-process batch B/N (the project's
+convention: base_batch_size = the per-device batch). Three runs see exactly the same samples:
+
+1. one process at batch B/N with that lr, N·steps steps (the recipe one knows);
+2. one process at batch B, lr scaled by ``--lr_scaling`` (none: ×1, linear: ×N, sqrt: ×√N), ``steps`` steps;
+3. N processes at batch B/N each under torch's DistributedDataParallel over gloo (started with
+   torch.multiprocessing on 127.0.0.1), the same scaled lr, ``steps`` steps: rank r takes slice r
+   of run 2's batch, and DDP averages the gradients.
+
+What runs distributed, what is vectorised: run 3 really is N processes whose gradients DDP
+all-reduces. The ``--n_experiments`` independent repetitions are not N·experiments processes:
+every process holds a vector of n_experiments neurons, w[e], and the loss is the sum over
+experiments of each one's mean squared error, so each w[e] gets exactly its own experiment's
+gradient (and DDP averages each over ranks). Runs 1 and 2 are one process each, vectorised the same way.
+
+Theory (what the printed lines should show). Per sample the gradient is g = 2x(wx - y), with
+variance 4w²(4s² + 2s⁴) + 4(1 + s²)s² (x and y independent normals); an SGD step at lr and
+batch b moves w by -lr·mean(g), whose variance is lr²·Var(g)/b. So, at the same w:
+
+* runs 2 and 3 take identical steps (same samples, DDP's average of N slice means is the mean of B);
+* deterministic (s = 0): run 1 ends at (1 - 2·lr)^(N·steps), runs 2/3 at (1 - 2·f·lr)^steps: linear
+  scaling (f = N) matches run 1 to first order in lr;
+* the variance of one update in run 3 over run 1 is f²/N: none 1/N, **linear N** (more noise per
+  step), **sqrt 1** (the same noise per step, but then w moves less per sample than in run 1).
+
+"update step variance" is the variance over experiments of one step's change of w,
+averaged over the steps of the run; "theory" evaluates lr²·Var(g)/b at each step's mean w.
+Float64 throughout, so the variances are not rounding noise.
+"""
+
+import argparse
+import math
+import os
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import List, Literal, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+Scaling = Literal["none", "linear", "sqrt"]
+DTYPE = torch.float64
+
+
+@dataclass
+class SandboxConfig:
+    batch_size: int = 128  # B: the effective batch of runs 2 and 3
+    world_size: int = 2  # N
+    lr: float = 1e-3  # known to work at batch B/N on one process
+    lr_scaling: Scaling = "linear"
+    noise: float = 0.0  # std of the Gaussian noise on inputs and targets; 0: deterministic
+    n_experiments: int = 1
+    steps: int = 1  # optimizer steps at batch B (run 1 takes N times as many)
+    seed: int = 0
+
+    @property
+    def per_process(self) -> int:
+        return self.batch_size // self.world_size
+
+    @property
+    def scaled_lr(self) -> float:
+        factor = {"none": 1.0, "linear": float(self.world_size), "sqrt": math.sqrt(self.world_size)}
+        return self.lr * factor[self.lr_scaling]
+
+    def check(self) -> None:
+        if self.world_size < 1 or self.batch_size < 1 or self.batch_size % self.world_size:
+            raise ValueError(f"--batch_size {self.batch_size} must be a positive multiple of --world_size {self.world_size}")
+        if self.n_experiments < 1 or self.steps < 1 or self.noise < 0 or self.lr <= 0:
+            raise ValueError("--n_experiments and --steps must be >= 1, --noise >= 0 and --lr > 0")
+
+
+class Neurons(nn.Module):
+    """``n`` independent single-weight neurons, y_hat[e] = w[e]·x[e], all initialised to 1."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(n, dtype=DTYPE))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w[:, None] * x
+
+
+def batches(cfg: SandboxConfig):
+    """The global batches of B samples for every experiment, (n_experiments, B) each: the same stream in every run."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    shape = (cfg.n_experiments, cfg.batch_size)
+    for _ in range(cfg.steps):
+        if cfg.noise == 0:
+            yield torch.ones(shape, dtype=DTYPE), torch.zeros(shape, dtype=DTYPE)
+        else:
+            x = 1 + cfg.noise * torch.randn(shape, generator=generator, dtype=DTYPE)
+            y = cfg.noise * torch.randn(shape, generator=generator, dtype=DTYPE)
+            yield x, y
+
+
+def sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    optimizer.zero_grad()
+    loss = ((model(x) - y) ** 2).mean(dim=1).sum()  # each experiment's MSE; the sum keeps their gradients apart
+    loss.backward()
+    optimizer.step()
+
+
+def train(cfg: SandboxConfig, batch: int, lr: float, slices: List[int], model: Optional[nn.Module] = None,
+          neurons: Optional[Neurons] = None) -> torch.Tensor:
+    """Train on slices of every global batch; returns w after each step, (steps + 1, n_experiments).
+
+    ``slices``: which B/N-wide slices of a global batch to step on, in order (all of it when batch == B).
+    """
+    neurons = neurons if neurons is not None else Neurons(cfg.n_experiments)
+    model = model if model is not None else neurons
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    trajectory = [neurons.w.detach().clone()]
+    for x, y in batches(cfg):
+        for r in slices:
+            sgd_step(model, optimizer, x[:, r * batch:(r + 1) * batch], y[:, r * batch:(r + 1) * batch])
+            trajectory.append(neurons.w.detach().clone())
+    return torch.stack(trajectory)
+
+
+def _ddp_worker(rank: int, cfg: SandboxConfig, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.world_size,
+                            timeout=timedelta(seconds=120))
+    try:
+        neurons = Neurons(cfg.n_experiments)
+        ddp = nn.parallel.DistributedDataParallel(neurons)  # averages the gradient over ranks in backward
+        trajectory = train(cfg, cfg.per_process, cfg.scaled_lr, [rank], model=ddp, neurons=neurons)
+        if rank == 0:
+            torch.save(trajectory, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train_ddp(cfg: SandboxConfig) -> torch.Tensor:
+    """Run 3: N gloo processes at batch B/N each; rank 0's trajectory.
+
+    On Linux the ranks are forked (each runs single-threaded), so they start in milliseconds
+    instead of importing torch again; ``DistributedDataParallel`` imports torch._dynamo when
+    first built (about 2 s), so that is imported once here, before the fork. Elsewhere: spawn.
+    """
+    method = "fork" if sys.platform == "linux" else "spawn"
+    if method == "fork":
+        import torch._dynamo  # noqa: F401
+    with tempfile.TemporaryDirectory() as folder:
+        out = str(Path(folder) / "trajectory.pt")
+        mp.start_processes(_ddp_worker, args=(cfg, _free_port(), out), nprocs=cfg.world_size, join=True,
+                           start_method=method)
+        return torch.load(out, weights_only=True)
+
+
+def gradient_variance(w: float, noise: float) -> float:
+    """Var of one sample's gradient 2x(wx - y), x ~ N(1, s²), y ~ N(0, s²) independent."""
+    s2 = noise ** 2
+    return 4 * w * w * (4 * s2 + 2 * s2 * s2) + 4 * (1 + s2) * s2
+
+
+@dataclass
+class RunResult:
+    label: str  # who ran it, at which batch per process
+    trajectory: torch.Tensor  # (steps + 1, n_experiments)
+    batch: int  # images behind one update (summed over ranks)
+    lr: float
+
+    @property
+    def final_w(self) -> float:
+        return self.trajectory[-1].mean().item()
+
+    @property
+    def update_variance(self) -> float:
+        updates = self.trajectory[1:] - self.trajectory[:-1]
+        return updates.var(dim=1, correction=1 if updates.shape[1] > 1 else 0).mean().item()
+
+    def theory(self, noise: float) -> float:
+        means = self.trajectory[:-1].mean(dim=1).tolist()
+        return sum(self.lr ** 2 * gradient_variance(w, noise) / self.batch for w in means) / len(means)
+
+    def line(self, noise: float) -> str:
+        steps = self.trajectory.shape[0] - 1
+        head = f"{self.label}, lr {self.lr:.4g}, {steps} step(s):"
+        return (f"{head:<50} my_net.w: {self.final_w:.4f}   update step variance: {self.update_variance:.3g}"
+                f"   (theory {self.theory(noise):.3g})")
+
+
+def run(cfg: SandboxConfig, distributed: bool = True) -> List[RunResult]:
+    """Runs 1, 2 and (if ``distributed``) 3 of the module docstring."""
+    cfg.check()
+    n = cfg.world_size
+    b, big = cfg.per_process, cfg.batch_size
+    results = [
+        RunResult(f"1 process at batch {b}", train(cfg, b, cfg.lr, list(range(n))), b, cfg.lr),
+        RunResult(f"1 process at batch {big}", train(cfg, big, cfg.scaled_lr, [0]), big, cfg.scaled_lr),
+    ]
+    if distributed:
+        results.append(RunResult(f"ddp {n} x batch {b}", train_ddp(cfg), big, cfg.scaled_lr))
+    return results
+
+
+def report(cfg: SandboxConfig, results: List[RunResult]) -> str:
+    n = cfg.world_size
+    data = "x = 1, y = 0" if cfg.noise == 0 else f"x = 1 + {cfg.noise:g}·ε, y = {cfg.noise:g}·ε"
+    lines = [
+        f"Single neuron, w0 = 1, {data}, MSE, SGD; {cfg.n_experiments} experiment(s), vectorised",
+        f"lr {cfg.lr:g} known at batch {cfg.per_process}; {cfg.lr_scaling} scaling to batch {cfg.batch_size}: "
+        f"lr {cfg.scaled_lr:.4g}",
+        *(r.line(cfg.noise) for r in results),
+    ]
+    baseline, large = results[0], results[1]
+    if len(results) > 2:
+        gap = (results[2].trajectory - large.trajectory).abs().max().item()
+        lines.append(f"ddp vs 1 process at batch {cfg.batch_size}: largest |w difference| over all steps = {gap:.2g}")
+    if cfg.noise > 0 and cfg.n_experiments > 1:
+        ratio = results[-1].update_variance / baseline.update_variance
+        expected = {"none": 1 / n, "linear": n, "sqrt": 1}[cfg.lr_scaling]
+        lines.append(f"update step variance, {results[-1].label} / {baseline.label}: {ratio:.3g} "
+                     f"(theory f²/N = {expected:.3g} for {cfg.lr_scaling} scaling)")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[List[str]] = None) -> SandboxConfig:
+    parser = argparse.ArgumentParser(prog="python -m experiments.sandbox", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    defaults = SandboxConfig()
+    parser.add_argument("--batch_size", type=int, default=defaults.batch_size, help="B: effective batch of runs 2 and 3")
+    parser.add_argument("--world_size", type=int, default=defaults.world_size, help="N: gloo processes of run 3")
+    parser.add_argument("--lr", type=float, default=defaults.lr, help="the lr known to work at batch B/N")
+    parser.add_argument("--lr_scaling", choices=["none", "linear", "sqrt"], default=defaults.lr_scaling)
+    parser.add_argument("--noise", type=float, default=defaults.noise, help="std of the noise on x and y; 0: deterministic")
+    parser.add_argument("--n_experiments", type=int, default=defaults.n_experiments)
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps at batch B")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    cfg = SandboxConfig(**vars(parser.parse_args(argv)))
+    try:
+        cfg.check()
+    except ValueError as error:
+        parser.error(str(error))
+    return cfg
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    cfg = parse_args(argv)
+    torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
+    print(report(cfg, run(cfg)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

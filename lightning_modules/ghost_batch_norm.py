@@ -1,0 +1,122 @@
+"""Ghost Batch Normalization (Hoffer et al., 2017): batch statistics over virtual sub-batches.
+
+A large batch gives batch-norm very precise statistics, which removes some of the
+noise that regularises small-batch training. Ghost BN normalises each virtual
+("ghost") sub-batch of ``ghost_batch_size`` samples with that sub-batch's own mean
+and variance, so the normalisation noise of a small batch comes back at any batch.
+
+* Training: the output equals plain batch-norm applied to each ghost batch on its own.
+  Ghost batches are consecutive slices of the per-device batch. A batch of B samples
+  that ``ghost_batch_size`` g does not divide is cut into ``B // g`` ghost batches of
+  nearly equal size (``torch.tensor_split``: sizes differ by at most one), so none is
+  smaller than g; a batch smaller than g is one ghost batch (plain batch-norm).
+* Running statistics are updated once per forward, with the module's momentum, from the
+  ghost batches' statistics averaged (weighted by their sizes; unbiased variances), so
+  they follow the same time-scale as plain batch-norm's: one update per step.
+* Evaluation is plain batch-norm with the running statistics: unchanged.
+* Parameters and buffers are those of ``nn.BatchNorm*d``: state_dict keys are identical,
+  so checkpoints load either way, and the weight-decay grouping (``optim.NORM_LAYERS``)
+  still sees a norm layer.
+
+Under ddp each rank splits its own per-device batch (no statistics cross ranks).
+"""
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class _GhostBatchNorm:
+    """Mixed into ``nn.BatchNorm1d/2d/3d``: the ghost-batch forward in training mode."""
+
+    ghost_batch_size: Optional[int]
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (torch's name)
+        self._check_input_dim(input)
+        g = self.ghost_batch_size
+        if not self.training or g is None or input.shape[0] <= g:
+            return super().forward(input)  # eval, off, or one ghost batch: plain batch-norm
+        chunks = torch.tensor_split(input, input.shape[0] // g)
+        out = torch.cat(
+            [F.batch_norm(c, None, None, self.weight, self.bias, training=True, eps=self.eps) for c in chunks]
+        )
+        if self.track_running_stats:
+            self._update_running_stats(chunks)
+        return out
+
+    @torch.no_grad()
+    def _update_running_stats(self, chunks) -> None:
+        dims = [0] + list(range(2, chunks[0].dim()))  # every dimension but the channels
+        sizes, means, variances = [], [], []
+        for c in chunks:
+            var, mean = torch.var_mean(c.float(), dim=dims, correction=1)
+            sizes.append(c.numel() // c.shape[1])
+            means.append(mean)
+            variances.append(var)
+        weights = torch.tensor(sizes, dtype=torch.float32, device=means[0].device)[:, None] / sum(sizes)
+        mean = (weights * torch.stack(means)).sum(0)
+        var = (weights * torch.stack(variances)).sum(0)
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
+            factor = 1.0 / float(self.num_batches_tracked)
+        else:
+            factor = self.momentum
+        self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
+        self.running_var.lerp_(var.to(self.running_var.dtype), factor)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, ghost_batch_size={self.ghost_batch_size}"
+
+
+class GhostBatchNorm1d(_GhostBatchNorm, nn.BatchNorm1d):
+    def __init__(self, num_features: int, ghost_batch_size: Optional[int] = None, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.ghost_batch_size = ghost_batch_size
+
+
+class GhostBatchNorm2d(_GhostBatchNorm, nn.BatchNorm2d):
+    def __init__(self, num_features: int, ghost_batch_size: Optional[int] = None, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.ghost_batch_size = ghost_batch_size
+
+
+class GhostBatchNorm3d(_GhostBatchNorm, nn.BatchNorm3d):
+    def __init__(self, num_features: int, ghost_batch_size: Optional[int] = None, **kwargs) -> None:
+        super().__init__(num_features, **kwargs)
+        self.ghost_batch_size = ghost_batch_size
+
+
+_GHOST = {nn.BatchNorm1d: GhostBatchNorm1d, nn.BatchNorm2d: GhostBatchNorm2d, nn.BatchNorm3d: GhostBatchNorm3d}
+
+
+def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: int) -> nn.Module:
+    """Replace every ``nn.BatchNorm1d/2d/3d`` inside ``module`` by its ghost version, in place; returns ``module``.
+
+    Weights, running statistics, momentum, eps and training mode are kept. A network
+    without batch-norm (``mlp``) is returned unchanged.
+    """
+    if ghost_batch_size < 1:
+        raise ValueError(f"ghost_batch_size must be >= 1, got {ghost_batch_size}")
+    for name, child in module.named_children():
+        ghost_class = _GHOST.get(type(child))
+        if ghost_class is None:
+            if isinstance(child, nn.modules.batchnorm._BatchNorm) and not isinstance(child, _GhostBatchNorm):
+                raise TypeError(f"{type(child).__name__} at {name!r} has no ghost version")
+            use_ghost_batch_norm(child, ghost_batch_size)
+            continue
+        like = next((t for t in (*child.parameters(), *child.buffers()) if t.is_floating_point()), None)
+        ghost = ghost_class(
+            child.num_features,
+            ghost_batch_size,
+            eps=child.eps,
+            momentum=child.momentum,
+            affine=child.affine,
+            track_running_stats=child.track_running_stats,
+            **({"device": like.device, "dtype": like.dtype} if like is not None else {}),
+        )
+        ghost.load_state_dict(child.state_dict())
+        ghost.train(child.training)
+        setattr(module, name, ghost)
+    return module

@@ -1,0 +1,85 @@
+"""--target_accuracy/--patience stop at the right epoch; time_to_accuracy.csv matches the epoch lines."""
+
+import csv
+import re
+
+import pytest
+
+from callbacks.stop_at_target import TargetStreak
+from cli.shorthand import expand_args
+from tests.conftest import run_train
+from tests.test_training import epoch_lines
+
+STOP_LINE = re.compile(
+    r"^Target reached: val/acc >= (\S+) for (\d+) consecutive epoch\(s\); stopping after epoch (\d+) "
+    r"\(Val Acc = (\d\.\d{3}), Cumulative Time = (\d+\.\d{3})\)$", re.M
+)
+# The mlp at a small lr, two steps per epoch: accuracy climbs over several epochs on the tiny data.
+SLOW = ["--network", "mlp", "--lr", "0.002", "--batch_size", "32", "--trainer.limit_train_batches", "2",
+        "--epochs", "8", "--test_after_fit", "false", "--accelerator", "cpu"]
+TARGET, PATIENCE = 0.5, 2
+
+
+def test_streak_counts_consecutive_epochs_at_or_above_target():
+    streak = TargetStreak(0.85, patience=2)
+    assert [streak.update(a) for a in (0.86, 0.80, 0.85, 0.87, 0.9)] == [False, False, False, True, True]
+    assert TargetStreak(0.5, patience=1).update(0.5)
+
+
+def test_shorthand_flags_map_to_the_stop_at_target_section():
+    assert expand_args(["--target_accuracy", "0.85", "--patience", "3"]) == [
+        "fit", "--stop_at_target.target_accuracy", "0.85", "--stop_at_target.patience", "3"]
+
+
+def expected_stop(accuracies, target, patience):
+    """The first epoch (1-based) closing `patience` consecutive epochs at or above target, from the printed values."""
+    run = 0
+    for epoch, acc in enumerate(accuracies, 1):
+        run = run + 1 if acc >= target else 0
+        if run >= patience:
+            return epoch
+    return None
+
+
+def read_csv(run_dir):
+    with open(run_dir / "time_to_accuracy.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def check_stop_and_record(result, run_dir):
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = epoch_lines(result.stdout)
+    accuracies = [float(m.group(5)) for m in lines]
+    stop = expected_stop(accuracies, TARGET, PATIENCE)
+    assert stop is not None and len(lines) == stop < 8, result.stdout  # stopped early, at that very epoch
+    assert accuracies[0] < TARGET  # not trivially: the first epoch was below the target
+    (stop_line,) = STOP_LINE.findall(result.stdout)
+    assert stop_line == (f"{TARGET:g}", str(PATIENCE), str(stop), lines[-1].group(5), lines[-1].group(2))
+    rows = read_csv(run_dir)
+    assert [int(r["epoch"]) for r in rows] == list(range(1, stop + 1))  # one row per epoch
+    for row, line in zip(rows, lines):
+        assert f"{float(row['cumulative_s']):.3f}" == line.group(2)
+        assert f"{float(row['val_loss']):.3f}" == line.group(4)
+        assert f"{float(row['val_acc']):.3f}" == line.group(5)
+    assert (run_dir / "time_to_accuracy.png").stat().st_size > 1000
+
+
+def test_stops_after_patience_epochs_at_target_and_records_time_to_accuracy(workdir, fashion_root):
+    result = run_train(["--data_dir", str(fashion_root), *SLOW, "--target_accuracy", str(TARGET),
+                        "--patience", str(PATIENCE)], cwd=workdir)
+    check_stop_and_record(result, workdir / "runs" / "fashion_mnist" / "version_0")
+
+
+def test_without_a_target_every_epoch_runs_and_is_recorded(workdir, fashion_root):
+    result = run_train(["--data_dir", str(fashion_root), *SLOW, "--epochs", "2"], cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Target reached" not in result.stdout
+    assert len(read_csv(workdir / "runs" / "fashion_mnist" / "version_0")) == len(epoch_lines(result.stdout)) == 2
+
+
+@pytest.mark.multiprocess
+def test_two_ddp_ranks_stop_together_and_rank_0_alone_reports(workdir, fashion_root):
+    result = run_train(["--data_dir", str(fashion_root), *SLOW, "--strategy", "ddp", "--devices", "2",
+                        "--batch_size", "16", "--target_accuracy", str(TARGET), "--patience", str(PATIENCE)],
+                       cwd=workdir)
+    check_stop_and_record(result, workdir / "runs" / "fashion_mnist" / "version_0")
