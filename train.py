@@ -24,7 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
-from datamodules import DataNotFoundError, FashionMNISTDataModule
+from datamodules import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
 from strategies.dp import require_cuda_for_dp
@@ -36,7 +36,11 @@ warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.al
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file name.
 CHECKPOINT_KEYWORDS = ("last", "best", "hpc", "registry")
 # The user's mistakes that are not about flags or values (those exit with ExitCode.USAGE).
-EXIT_CODES = {DataNotFoundError: ExitCode.DATA, CheckpointNotFoundError: ExitCode.CHECKPOINT}
+EXIT_CODES = {
+    DataNotFoundError: ExitCode.DATA,
+    CorruptDataError: ExitCode.DATA,
+    CheckpointNotFoundError: ExitCode.CHECKPOINT,
+}
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
 
@@ -102,10 +106,10 @@ class FashionMNISTCLI(LightningCLI):
             raise ConfigError(one_line(error)) from error
 
     def _prepare_data_before_launch(self) -> None:
-        """Find (or download) the data in the launching process, before any worker process exists.
+        """Find (or download) and check the data in the launching process, before any worker process exists.
 
-        A missing file then ends the run with one line here, instead of one rank failing
-        inside ``fit`` while the others wait for it. Only what would be each node's local
+        A missing or damaged file then ends the run with one line here, instead of one rank failing
+        inside ``fit`` (or mid-epoch) while the others wait for it. Only what would be each node's local
         rank 0 does it, as Lightning's own ``prepare_data`` would.
         """
         if self.datamodule is not None and self.trainer.local_rank == 0:
@@ -139,7 +143,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     argv: List[str] = list(sys.argv[1:] if args is None else args)
     try:
         build_cli(expand_args(argv))
-    except (ShorthandError, ArgumentError, ConfigError, DataNotFoundError, CheckpointNotFoundError) as error:
+    except (ShorthandError, ArgumentError, ConfigError, DataNotFoundError, CorruptDataError, CheckpointNotFoundError) as error:
         code = EXIT_CODES.get(type(error), ExitCode.USAGE)
         hint = " (see python train.py --help)" if code == ExitCode.USAGE else ""
         print(f"train.py: error: {one_line(error)}{hint}", file=sys.stderr)

@@ -8,7 +8,7 @@ class ExitCode(IntEnum):
 
     OK = 0
     USAGE = 2  # bad flag, value, key or config file
-    DATA = 65  # data files missing or unreadable
+    DATA = 65  # data files missing, unreadable or damaged (EX_DATAERR)
     CHECKPOINT = 66  # the checkpoint to load does not exist
 
 

@@ -1,5 +1,5 @@
 """Fashion-MNIST data: files, splits, distributed sampling, fast batches."""
 
-from datamodules.fashion_mnist import DataNotFoundError, FashionMNISTDataModule
+from datamodules.fashion_mnist import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 
-__all__ = ["DataNotFoundError", "FashionMNISTDataModule"]
+__all__ = ["CorruptDataError", "DataNotFoundError", "FashionMNISTDataModule"]
