@@ -12,7 +12,9 @@ non-zero exit code (cli/errors.py), not a traceback.
 """
 
 import os
+import subprocess
 import sys
+import time
 import warnings
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
@@ -24,6 +26,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from callbacks.divergence import TrainingDiverged
 from cli.checks import check_at_least_one, check_config_file, check_devices, check_writable, config_files
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, OutputNotWritableError, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
@@ -215,7 +218,25 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         hint = " (see python train.py --help)" if code == ExitCode.USAGE else ""
         print(f"train.py: error: {one_line(error)}{hint}", file=sys.stderr)
         return code
+    except TrainingDiverged as error:
+        # Raised on every rank at the same step (callbacks/divergence.py): one line, from rank 0 only.
+        if error.rank == 0:
+            print(f"train.py: error: {one_line(error)}", file=sys.stderr, flush=True)
+        _wait_for(error.children)
+        return ExitCode.DIVERGED
     return ExitCode.OK
+
+
+def _wait_for(children, timeout_s: float = 30.0) -> None:
+    """Rank processes this process launched, stopping at the same step: wait for them; kill what is left after
+    ``timeout_s`` (SIGKILL: a rank stuck in a collective ignores SIGTERM)."""
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 if __name__ == "__main__":

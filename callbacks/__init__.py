@@ -1,7 +1,8 @@
-"""Reporting callbacks: one concern per file, the arithmetic in plain classes the callbacks call."""
+"""Reporting and guarding callbacks: one concern per file, the arithmetic in plain classes the callbacks call."""
 
+from callbacks.divergence import DivergenceGuard, TrainingDiverged
 from callbacks.memory import PeakMemory
 from callbacks.predictions import PredictionCSV
 from callbacks.throughput import ThroughputReport
 
-__all__ = ["PeakMemory", "PredictionCSV", "ThroughputReport"]
+__all__ = ["DivergenceGuard", "PeakMemory", "PredictionCSV", "ThroughputReport", "TrainingDiverged"]

@@ -133,3 +133,17 @@ class PrepareDataRecorder(Callback):
 
         prepare_data.recorded_by = PrepareDataRecorder
         FashionMNISTDataModule.prepare_data = prepare_data
+
+
+class NonFiniteGradient(Callback):
+    """Fault injection: on global rank ``rank`` only, one gradient becomes nan just before optimizer step ``step``
+    (1-based), after ddp has averaged the gradients, so that no other rank sees it."""
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        self.step = step
+        self.rank = rank
+
+    def on_after_backward(self, trainer, pl_module):
+        if trainer.global_rank == self.rank and trainer.global_step + 1 == self.step:
+            first = next(p for p in pl_module.parameters() if p.grad is not None)
+            first.grad.view(-1)[0] = float("nan")
