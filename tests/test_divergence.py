@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from callbacks.divergence import StepHealth, advice, first_non_finite, is_at_chance, past_warmup
+from callbacks.divergence import StepHealth, advice, finite_sum, first_non_finite, is_at_chance, past_warmup
 from tests.conftest import TRAIN_PY, run_train
 from tests.processes import clean_env, free_port, running_in, start_all, wait_all
 
@@ -49,6 +49,16 @@ def test_first_non_finite_finds_nan_and_inf_and_skips_missing_gradients():
     assert first_non_finite([ok, None, ok]).item() == -1
     assert first_non_finite([ok, None, torch.tensor([1.0, math.inf]), torch.tensor([math.nan])]).item() == 2
     assert first_non_finite([torch.empty(0), torch.tensor([math.nan])]).item() == 1  # an empty fsdp shard is fine
+
+
+def test_finite_sum_is_not_finite_exactly_when_an_element_is_not():
+    assert math.isfinite(finite_sum([torch.ones(3), None, torch.empty(0)]))
+    assert math.isfinite(finite_sum([torch.full((10**5,), 60000.0, dtype=torch.float16)]))  # fp16 would overflow
+    assert math.isfinite(finite_sum([torch.tensor([-1e30, 1e30])]))
+    for bad in (math.nan, math.inf, -math.inf):
+        assert not math.isfinite(finite_sum([torch.ones(3), torch.tensor([1.0, bad])]))
+    assert not math.isfinite(finite_sum([torch.tensor([math.inf, -math.inf])]))  # inf - inf: nan
+    assert finite_sum([]).item() == 0
 
 
 def test_accuracy_is_judged_one_epoch_after_warmup_ends():
