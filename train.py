@@ -11,7 +11,10 @@ No subcommand means ``fit``; after fit the best checkpoint is tested unless
 non-zero exit code (cli/errors.py), not a traceback.
 """
 
+import os
+import subprocess
 import sys
+import time
 import warnings
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
@@ -20,12 +23,15 @@ from typing import List, Optional, Sequence
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from callbacks import StopAtTarget
-from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, one_line
+from callbacks.divergence import TrainingDiverged
+from cli.checks import check_at_least_one, check_config_file, check_devices, check_writable, config_files
+from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, OutputNotWritableError, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
-from datamodules import DataNotFoundError, FashionMNISTDataModule
+from datamodules import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
 from strategies.dp import require_cuda_for_dp
@@ -37,7 +43,13 @@ warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.al
 # Values of --ckpt_path that Lightning resolves itself rather than reading as a file name.
 CHECKPOINT_KEYWORDS = ("last", "best", "hpc", "registry")
 # The user's mistakes that are not about flags or values (those exit with ExitCode.USAGE).
-EXIT_CODES = {DataNotFoundError: ExitCode.DATA, CheckpointNotFoundError: ExitCode.CHECKPOINT}
+EXIT_CODES = {
+    DataNotFoundError: ExitCode.DATA,
+    CorruptDataError: ExitCode.DATA,
+    CheckpointNotFoundError: ExitCode.CHECKPOINT,
+    OutputNotWritableError: ExitCode.CANT_CREATE,
+}
+USER_ERRORS = (ShorthandError, ArgumentError, ConfigError, *EXIT_CODES)
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 
 
@@ -71,11 +83,29 @@ class FashionMNISTCLI(LightningCLI):
         if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
             raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
         self._check_strategy(config)
+        self._check_devices(config.trainer)
+        check_at_least_one("trainer.accumulate_grad_batches", config.trainer.accumulate_grad_batches)
         ckpt_path = config.get("ckpt_path")
         if ckpt_path and ckpt_path.split(":")[0] not in CHECKPOINT_KEYWORDS and not Path(ckpt_path).is_file():
             raise CheckpointNotFoundError(
-                f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or --ckpt_path last / best"
+                f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or --ckpt_path last"
             )
+
+    @staticmethod
+    def _check_devices(trainer) -> None:
+        """More CPU processes than cores, or more GPUs than visible: refused before anything starts (cli/checks.py)."""
+        accelerator = trainer.accelerator if isinstance(trainer.accelerator, str) else None
+        if accelerator is None or str(trainer.strategy).lower() == "dp":
+            return  # an Accelerator object from a config file; dp has its own check (_check_strategy)
+        accelerator = accelerator.lower()
+        cuda = torch.cuda.is_available()
+        if accelerator == "auto":
+            mps = getattr(torch.backends, "mps", None)
+            accelerator = "cuda" if cuda else "mps" if mps is not None and mps.is_available() else "cpu"
+        elif accelerator == "gpu" and cuda:
+            accelerator = "cuda"
+        if accelerator in ("cpu", "cuda"):
+            check_devices(trainer.devices, accelerator, os.cpu_count(), torch.cuda.device_count() if cuda else 0)
 
     @staticmethod
     def _check_strategy(config) -> None:
@@ -106,14 +136,55 @@ class FashionMNISTCLI(LightningCLI):
             raise ConfigError(one_line(error)) from error
 
     def _prepare_data_before_launch(self) -> None:
-        """Find (or download) the data in the launching process, before any worker process exists.
+        """Find (or download) and check the data in the launching process, before any worker process exists.
 
-        A missing file then ends the run with one line here, instead of one rank failing
-        inside ``fit`` while the others wait for it. Only what would be each node's local
+        A missing or damaged file then ends the run with one line here, instead of one rank failing
+        inside ``fit`` (or mid-epoch) while the others wait for it. Only what would be each node's local
         rank 0 does it, as Lightning's own ``prepare_data`` would.
         """
+        self._check_outputs_writable()
+        self._check_checkpoint_keyword()
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
+
+    def _check_outputs_writable(self) -> None:
+        """The log folder (and for fit the checkpoint folders) can be created and written; nothing is created here."""
+        folders = [("trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None))
+                   for logger in self.trainer.loggers]
+        if self.subcommand == "fit":
+            folders += [("ModelCheckpoint dirpath (trainer.callbacks)", getattr(callback, "dirpath", None))
+                        for callback in self.trainer.checkpoint_callbacks]
+        check_writable(folders)
+
+    def _check_checkpoint_keyword(self) -> None:
+        """``--ckpt_path last`` with no last checkpoint, or ``best`` in a new process: say so instead of Lightning's
+        warning-and-train-from-scratch (last) or traceback (best)."""
+        ckpt_path = self.config[self.subcommand].get("ckpt_path")
+        checkpoints = [cb for cb in self.trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+        folders = sorted({str(cb.dirpath) for cb in checkpoints if cb.dirpath})
+        where = ", ".join(folders) or "the checkpoint folder"
+        if ckpt_path == "last":
+            if not all(hasattr(cb, "_find_last_checkpoints") for cb in checkpoints):
+                return  # a Lightning without it: leave "last" to Lightning
+            found = set()
+            for callback in checkpoints:
+                found |= callback._find_last_checkpoints(self.trainer)  # the files Lightning itself will consider
+            found |= {cb.ckpt_path for cb in self.trainer.callbacks
+                      if isinstance(cb, OnExceptionCheckpoint) and os.path.isfile(cb.ckpt_path)}
+            if not found:
+                raise CheckpointNotFoundError(
+                    f"--ckpt_path last: no last checkpoint (last*.ckpt) in {where}, so there is nothing to resume "
+                    f"(Lightning would only warn and start from scratch); drop --ckpt_path to start a new run, "
+                    f"or give a .ckpt file"
+                )
+        elif ckpt_path == "best":
+            files = sorted(str(p) for folder in folders for p in Path(folder).glob("*.ckpt")
+                           if not p.name.startswith("last"))
+            examples = f"; found: {', '.join(files[:3])}" if files else ""
+            raise CheckpointNotFoundError(
+                f"--ckpt_path best means the best checkpoint of this process's own fit, which a new run does not "
+                f"have yet; give the file instead (--ckpt_path FILE){examples}"
+            )
 
     before_fit = before_validate = before_test = before_predict = _prepare_data_before_launch
 
@@ -142,13 +213,34 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python train.py`` and ``fashion-mnist-train``; returns the process exit code."""
     argv: List[str] = list(sys.argv[1:] if args is None else args)
     try:
-        build_cli(expand_args(argv))
-    except (ShorthandError, ArgumentError, ConfigError, DataNotFoundError, CheckpointNotFoundError) as error:
+        expanded = expand_args(argv)
+        for name in config_files(expanded):
+            check_config_file(name)
+        build_cli(expanded)
+    except USER_ERRORS as error:
         code = EXIT_CODES.get(type(error), ExitCode.USAGE)
         hint = " (see python train.py --help)" if code == ExitCode.USAGE else ""
         print(f"train.py: error: {one_line(error)}{hint}", file=sys.stderr)
         return code
+    except TrainingDiverged as error:
+        # Raised on every rank at the same step (callbacks/divergence.py): one line, from rank 0 only.
+        if error.rank == 0:
+            print(f"train.py: error: {one_line(error)}", file=sys.stderr, flush=True)
+        _wait_for(error.children)
+        return ExitCode.DIVERGED
     return ExitCode.OK
+
+
+def _wait_for(children, timeout_s: float = 30.0) -> None:
+    """Rank processes this process launched, stopping at the same step: wait for them; kill what is left after
+    ``timeout_s`` (SIGKILL: a rank stuck in a collective ignores SIGTERM)."""
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 if __name__ == "__main__":

@@ -8,12 +8,18 @@ class ExitCode(IntEnum):
 
     OK = 0
     USAGE = 2  # bad flag, value, key or config file
-    DATA = 65  # data files missing or unreadable
-    CHECKPOINT = 66  # the checkpoint to load does not exist
+    DATA = 65  # data files missing, unreadable or damaged (EX_DATAERR)
+    CHECKPOINT = 66  # the checkpoint to load does not exist (EX_NOINPUT)
+    DIVERGED = 70  # non-finite loss/gradient/weights, or accuracy at chance after warm-up (EX_SOFTWARE)
+    CANT_CREATE = 73  # an output folder (logs, checkpoints) cannot be created or written (EX_CANTCREAT)
 
 
 class CheckpointNotFoundError(FileNotFoundError):
     """``--ckpt_path`` names a file that is not there."""
+
+
+class OutputNotWritableError(OSError):
+    """A folder the run must write to (logs, checkpoints) is a file, or not writable."""
 
 
 class ConfigError(ValueError):

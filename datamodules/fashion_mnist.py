@@ -17,6 +17,8 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.datasets import FashionMNIST
 
+from datamodules.idx_check import check_raw_folder
+
 DATA_DIR_ENV = "FASHION_MNIST_DIR"
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
 PIXEL_MEAN = 0.2860
@@ -109,15 +111,34 @@ class FashionMNISTDataModule(LightningDataModule):
         return torchvision_root(self.data_dir) / FashionMNIST.__name__ / "raw"
 
     def missing_files(self) -> list:
-        return [name for name in RAW_FILES if not (self.raw_folder / name).is_file()]
+        # os.path.isfile, not Path.is_file: a folder we may not enter counts as missing instead of raising.
+        return [name for name in RAW_FILES if not os.path.isfile(self.raw_folder / name)]
+
+    def _unreadable_folder(self) -> Optional[Path]:
+        """The first folder from data_dir down to ``raw`` that exists but cannot be listed or entered."""
+        root = torchvision_root(self.data_dir)
+        for path in (root, root / FashionMNIST.__name__, self.raw_folder):
+            if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
+                return path
+        return None
 
     def prepare_data(self) -> None:
-        """Runs once per node (local rank 0): download when files are missing and download is allowed."""
+        """Runs once per node (local rank 0), before any worker starts: download missing files when allowed,
+        then check all four (size, magic number, 28×28, as many labels as images, labels 0..9)."""
         missing = self.missing_files()
-        if not missing:
-            return
+        if missing:
+            self._download_or_raise(missing, self.download)
+        self.check_files()
+
+    def _download_or_raise(self, missing: list, download: bool) -> None:
+        unreadable = self._unreadable_folder()
+        if unreadable is not None:
+            raise DataNotFoundError(
+                f"cannot read the folder {unreadable.resolve()} (permission denied): make it readable "
+                f"(chmod a+rX) or point --data.data_dir or ${DATA_DIR_ENV} at a readable copy of FashionMNIST/raw."
+            )
         reason = "download is disabled (--data.download false)"
-        if self.download:
+        if download:
             try:
                 for train in (True, False):
                     FashionMNIST(str(torchvision_root(self.data_dir)), train=train, download=True)
@@ -130,12 +151,18 @@ class FashionMNISTDataModule(LightningDataModule):
             f"or ${DATA_DIR_ENV} at a folder that holds FashionMNIST/raw."
         )
 
+    def check_files(self) -> None:
+        """Raises :class:`CorruptDataError` naming the first damaged file (datamodules/idx_check.py)."""
+        check_raw_folder(self.raw_folder.resolve())
+
     def setup(self, stage: str) -> None:
-        """Every rank reads the IDX files into memory (47 MB for the training split)."""
-        if self.missing_files():
-            # prepare_data ran on another node's file system, or not at all (e.g. validate without fit).
-            self.download = False
-            self.prepare_data()
+        """Every rank checks the files again (headers and labels: a few KB) and reads them into memory (47 MB)."""
+        if self.train_set is None or self.test_set is None:
+            missing = self.missing_files()
+            if missing:
+                # prepare_data ran on another node's file system, or not at all (e.g. validate without fit).
+                self._download_or_raise(missing, download=False)
+            self.check_files()
         root = str(torchvision_root(self.data_dir))
         if stage == "fit" and self.train_set is None:
             train = FashionMNIST(root, train=True, download=False)

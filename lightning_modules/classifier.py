@@ -84,8 +84,14 @@ class FashionMNISTClassifier(LightningModule):
         super().__init__()
         if nesterov and momentum <= 0:
             raise MisconfigurationException("model.nesterov=true needs model.momentum > 0 (e.g. --model.momentum 0.9)")
-        if not math.isfinite(base_lr):
-            raise MisconfigurationException(f"model.base_lr must be a finite number > 0, got {base_lr}")
+        # jsonargparse's PositiveFloat / NonNegativeFloat let inf through (and the schedule then overflows).
+        for key, value in (("base_lr", base_lr), ("warmup_epochs", warmup_epochs), ("lr_step_epochs", lr_step_epochs),
+                           ("lr_gamma", lr_gamma), ("momentum", momentum), ("weight_decay", weight_decay),
+                           ("label_smoothing", label_smoothing)):
+            if not math.isfinite(value):
+                raise MisconfigurationException(f"model.{key} must be a finite number, got {value}")
+        if label_smoothing > 1:
+            raise MisconfigurationException(f"model.label_smoothing must be between 0 and 1, got {label_smoothing}")
         self.save_hyperparameters()
         self.net = build_network(network, NUM_CLASSES)
         if ghost_batch_size is not None:

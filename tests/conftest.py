@@ -1,8 +1,10 @@
 """Shared fixtures: tiny IDX data in a temporary folder, and a clean working directory per test."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,18 +29,45 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def run_train(args, cwd: Path, timeout: float = 240, env=None) -> subprocess.CompletedProcess:
-    """``python train.py ARGS`` as a user runs it, in ``cwd``, with a hard timeout."""
+# Who runs permission tests when the suite runs as root (root reads and writes whatever the modes say).
+UNPRIVILEGED_UID = 65534  # nobody
+
+
+def run_train(args, cwd: Path, timeout: float = 240, env=None, unprivileged: bool = False) -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` as a user runs it, in ``cwd``, with a hard timeout.
+
+    ``unprivileged``: when this suite runs as root, run as user nobody, so that file modes apply.
+    """
     full_env = {k: v for k, v in os.environ.items() if k != "FASHION_MNIST_DIR"}
     full_env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, **(env or {}))
+    as_user = []
+    if unprivileged and os.geteuid() == 0:
+        # setpriv, not subprocess's user=: on the machine this was written on, only setpriv could exec the venv python.
+        if shutil.which("setpriv") is None:
+            pytest.skip("runs as root and setpriv (util-linux) is missing: cannot drop privileges")
+        as_user = ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}", "--clear-groups"]
+        full_env["HOME"] = str(cwd)
     return subprocess.run(
-        [sys.executable, str(TRAIN_PY), *args],
+        [*as_user, sys.executable, str(TRAIN_PY), *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture
+def shared_tmp():
+    """An empty folder every user may enter and write (pytest's own tmp_path is private to root when root runs
+    the suite), for tests that run train.py as another user; removed afterwards, whatever its modes."""
+    folder = Path(tempfile.mkdtemp(prefix="fashion-mnist-perm-"))
+    folder.chmod(0o777)
+    yield folder
+    for path in [folder, *folder.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o777 if path.is_dir() else 0o666)
+    shutil.rmtree(folder)
 
 
 @pytest.fixture(scope="session")

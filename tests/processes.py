@@ -46,6 +46,20 @@ def _stat(pid: int) -> Optional[Tuple[int, int]]:
         return None
 
 
+def running_in(folder: Path) -> List[int]:
+    """Pids of the running processes whose working directory is ``folder``: a job's ranks, even those whose
+    parent has exited (they are no longer below it in the process tree)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and _stat(int(entry.name)) is not None:
+            try:
+                if Path(os.readlink(entry / "cwd")) == Path(folder).resolve():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
 def process_tree(pid: int) -> Set[Tuple[int, int]]:
     """Every running process below ``pid`` (and ``pid`` itself), whatever its session, as (pid, start time)."""
     children: Dict[int, List[int]] = {}

@@ -162,3 +162,17 @@ class RankWeights(Callback):
         torch.save({k: v.detach().cpu() for k, v in pl_module.state_dict().items()},
                    record / f"rank_weights{trainer.global_rank}.pt")
         (record / f"rank_grads{trainer.global_rank}.json").write_text(json.dumps(self.grads_equal))
+
+
+class NonFiniteGradient(Callback):
+    """Fault injection: on global rank ``rank`` only, one gradient becomes nan just before optimizer step ``step``
+    (1-based), after ddp has averaged the gradients, so that no other rank sees it."""
+
+    def __init__(self, step: int, rank: int = 1) -> None:
+        self.step = step
+        self.rank = rank
+
+    def on_after_backward(self, trainer, pl_module):
+        if trainer.global_rank == self.rank and trainer.global_step + 1 == self.step:
+            first = next(p for p in pl_module.parameters() if p.grad is not None)
+            first.grad.view(-1)[0] = float("nan")

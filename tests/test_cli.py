@@ -1,12 +1,14 @@
 """train.py as users type it: both command-line forms, config files, help, and one-line errors."""
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 import train
-from tests.conftest import REPO, run_train
+from tests.conftest import REPO, TRAIN_PY, run_train
+from tests.processes import clean_env, start_all, wait_all
 
 CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
 
@@ -96,11 +98,31 @@ BAD_VALUES = [
     (["--strategy", "fsdp", "--optimizer", "lamb"], "--optimizer lamb computes per-layer norms"),
     (["--strategy", "fsdp", "--accelerator", "cpu", "--optimizer", "lars"], "use --strategy ddp with lars"),
     (["--strategy", "fsdp_cpu", "--optimizer", "novograd"], "fsdp gives each rank only a slice of a layer"),
+    # Accepted by Lightning or jsonargparse, refused by train.py (cli/checks.py, the classifier).
+    (["--devices", "-1", "--accelerator", "cpu"], "trainer.devices (--devices) is -1 (every GPU), but the accelerator is cpu"),
+    (["--devices", "0,1", "--accelerator", "cpu"], "is '0,1', a list of GPU indices, but the accelerator is cpu"),
+    (["--devices", "two"], "trainer.devices (--devices) is 'two': give a number, auto, -1 or a list of GPU indices"),
+    (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches is 0: give a whole number >= 1"),
+    (["--trainer.accumulate_grad_batches", "-2"], "trainer.accumulate_grad_batches is -2"),
+    (["--epochs", "-5"], "trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got -5"),
+    (["--batch_size", "-3"], "data.batch_size"),
+    (["--lr", "0"], "model.base_lr"),
+    (["--warmup_epochs", "inf"], "model.warmup_epochs must be a finite number"),
+    (["--model.momentum", "inf"], "model.momentum must be a finite number"),
+    (["--model.label_smoothing", "2"], "model.label_smoothing must be between 0 and 1"),
+    (["--config", "missing.yaml"], "File does not exist"),
+    (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
+    (["--config", "broken.yaml"], "--config broken.yaml: not valid YAML"),
+    (["--config", "text.yaml"], "--config text.yaml: holds a str ('just a sentence')"),
 ]
+# Config files the BAD_VALUES above name, written into the test's working directory.
+BAD_CONFIG_FILES = {"empty.yaml": "# only a comment\n", "broken.yaml": "trainer: [devices: 2\n", "text.yaml": "just a sentence\n"}
 
 
 @pytest.mark.parametrize("args, message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
 def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root, args, message):
+    for name, text in BAD_CONFIG_FILES.items():
+        (workdir / name).write_text(text)
     code = train.main(["--data_dir", str(fashion_root), *args])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
@@ -116,3 +138,58 @@ def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, f
     assert "Traceback" not in result.stderr
     assert "train.py: error: Parser key \"model.optimizer\"" in result.stderr
     assert "'sgd', 'adamw', 'novograd', 'lamb', 'lars'" in result.stderr
+
+
+def test_more_cpu_processes_than_cores_are_refused_before_any_starts(tmp_path, fashion_root):
+    """Lightning would start them all (64 gloo processes on a 2-core machine); a real process, so that a
+    regression starts training processes under a hard deadline, not pytest copies of itself."""
+    too_many = (os.cpu_count() or 1) + 1
+    argv = [str(TRAIN_PY), "--strategy", "ddp", "--accelerator", "cpu", "--devices", str(too_many),
+            "--data_dir", str(fashion_root)]
+    (job,) = start_all([("too_many", argv, tmp_path, clean_env())], tmp_path / "logs")
+    timed_out = wait_all([job], 60)
+    assert timed_out is None, timed_out
+    assert job.returncode == 2, job.tail()
+    errors = [line for line in job.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1 and f"trainer.devices (--devices) is {too_many}, more CPU processes than this machine has " \
+        f"cores ({os.cpu_count()}): give a number of CPU processes from 1 to {os.cpu_count()}" in errors[0], job.stderr
+    assert "Initializing distributed" not in job.stderr and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("keyword, message", [
+    ("last", "--ckpt_path last: no last checkpoint (last*.ckpt) in {folder}, so there is nothing to resume"),
+    ("best", "--ckpt_path best means the best checkpoint of this process's own fit"),
+])
+def test_checkpoint_keyword_without_a_checkpoint_exits_66(capsys, workdir, fashion_root, keyword, message):
+    """Lightning warns and trains from scratch for ``last``, raises a traceback for ``best``."""
+    code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", keyword])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    folder = workdir / "runs" / "fashion_mnist" / "checkpoints"
+    assert code == 66
+    assert len(errors) == 1 and message.format(folder=folder) in errors[0], err
+    assert not (workdir / "runs").exists()
+
+
+def test_log_folder_that_is_a_file_exits_73_before_anything_runs(capsys, workdir, fashion_root):
+    (workdir / "runs").write_text("not a folder")
+    code = train.main(["--data_dir", str(fashion_root)])
+    err = capsys.readouterr().err
+    assert code == 73
+    assert f"train.py: error: trainer.logger.init_args.save_dir is runs, which cannot be written: " \
+        f"{workdir / 'runs'} is a file, not a folder" in err, err
+    assert (workdir / "runs").read_text() == "not a folder"
+
+
+def test_unwritable_log_folder_exits_73(shared_tmp, fashion_root):
+    """Run as user nobody when the suite runs as root, so that the folder's mode applies."""
+    (shared_tmp / "runs").mkdir(mode=0o555)
+    (shared_tmp / "runs").chmod(0o555)
+    result = run_train(["--data_dir", str(fashion_root), "--data.download", "false"], cwd=shared_tmp, timeout=60,
+                       unprivileged=True)
+    assert result.returncode == 73, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert errors == [f"train.py: error: trainer.logger.init_args.save_dir is runs, which cannot be written: "
+                      f"{shared_tmp / 'runs'} is not writable; give a writable folder (e.g. "
+                      f"--trainer.logger.init_args.save_dir and the ModelCheckpoint dirpath in your config)"]
+    assert list((shared_tmp / "runs").iterdir()) == []

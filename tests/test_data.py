@@ -1,8 +1,15 @@
 """Fashion-MNIST files: where they are looked for, what a missing file says, and how batches are served."""
 
+import gzip
+import shutil
+import struct
+import time
+
+import pytest
 import torch
 
-from datamodules import FashionMNISTDataModule
+import train
+from datamodules import CorruptDataError, FashionMNISTDataModule
 from datamodules.fashion_mnist import RAW_FILES, InMemoryImages, PIXEL_MEAN, PIXEL_STD, default_data_dir, torchvision_root
 from tests.conftest import run_train
 from tests.idx_files import sample_ids
@@ -55,3 +62,107 @@ def test_missing_files_without_download_give_one_line_naming_folder_and_files(wo
     assert all(name in errors[0] for name in RAW_FILES)
     assert "Traceback" not in result.stderr
     assert not (workdir / "runs").exists()
+
+
+# Each way an IDX file can be damaged: (file, how, what the one line must say). torchvision 0.29 accepts the
+# label-count and label-value cases (training then fails mid-epoch or silently drops images), and fails on the
+# others with messages that name neither the file nor the problem (datamodules/idx_check.py).
+def _header(magic: int, *dims: int) -> bytes:
+    return struct.pack(f">I{len(dims)}I", magic, *dims)
+
+
+CORRUPTIONS = {
+    "empty": ("t10k-labels-idx1-ubyte", lambda b: b"", "is empty (0 bytes)"),
+    "header-cut": ("train-labels-idx1-ubyte", lambda b: b[:6], "is 6 bytes, shorter than its 8-byte header"),
+    "images-truncated": ("train-images-idx3-ubyte", lambda b: b[: len(b) // 2],
+                         "truncated: 100360 bytes, expected 200720 (16-byte header + 256×28×28)"),
+    "trailing-bytes": ("t10k-images-idx3-ubyte", lambda b: b + b"extra", "has trailing bytes: 79205 bytes, expected 79200"),
+    "still-gzipped": ("train-images-idx3-ubyte", lambda b: gzip.compress(b), "is still gzip-compressed"),
+    "wrong-magic": ("train-images-idx3-ubyte", lambda b: _header(0x801, 256, 28, 28) + b[8:],
+                    "bad magic number 0x00000801, expected 0x00000803"),
+    "not-28x28": ("t10k-images-idx3-ubyte", lambda b: _header(0x803, 101, 32, 24) + b[16:16 + 101 * 32 * 24].ljust(101 * 32 * 24, b"\0"),
+                  "images are 32×24 pixels, expected 28×28"),
+    "fewer-labels": ("train-labels-idx1-ubyte", lambda b: _header(0x801, 200) + b[8:208],
+                     "holds 200 labels but train-images-idx3-ubyte holds 256 images"),
+    "labels-truncated": ("train-labels-idx1-ubyte", lambda b: b[:-50], "truncated: 214 bytes, expected 264"),
+    "label-out-of-range": ("t10k-labels-idx1-ubyte", lambda b: b[:8 + 7] + bytes([99]) + b[8 + 8:],
+                           "label 99 at index 7 is outside 0..9"),
+}
+
+
+@pytest.fixture
+def damaged_copy(tmp_path, fashion_root):
+    """A fresh copy of the tiny data set; the test damages one file of it."""
+    root = tmp_path / "damaged"
+    shutil.copytree(fashion_root, root)
+    return root
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_damaged_file_gives_one_line_naming_file_and_problem_exit_65(capsys, workdir, damaged_copy, kind):
+    name, damage, problem = CORRUPTIONS[kind]
+    path = damaged_copy / "FashionMNIST" / "raw" / name
+    path.write_bytes(damage(path.read_bytes()))
+    started = time.monotonic()
+    code = train.main(["--data_dir", str(damaged_copy), "--data.download", "false", "--epochs", "1"])
+    assert time.monotonic() - started < 10  # after imports: parse, build, check (the check itself takes ms)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert code == 65
+    assert len(errors) == 1 and f"{path.resolve()}: {problem}" in errors[0], err
+    assert "Traceback" not in err
+    assert not (workdir / "runs").exists()  # found before anything was written
+
+
+@pytest.mark.parametrize("unreadable", ["FashionMNIST/raw/train-labels-idx1-ubyte", "FashionMNIST"])
+def test_unreadable_file_or_folder_gives_one_line_exit_65(shared_tmp, fashion_root, unreadable):
+    """Run as user nobody when the suite runs as root, so that the file mode applies."""
+    data = shared_tmp / "data"
+    shutil.copytree(fashion_root, data)
+    for path in [data, *data.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    (data / unreadable).chmod(0)
+    result = run_train(["--data_dir", str(data), "--data.download", "false"], cwd=shared_tmp, timeout=60,
+                       unprivileged=True)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert result.returncode == 65, result.stderr[-3000:]
+    expected = ("cannot read the folder" if unreadable == "FashionMNIST" else "cannot be read (Permission denied)")
+    assert len(errors) == 1 and str(data / unreadable) in errors[0] and expected in errors[0], result.stderr[-3000:]
+    assert not (shared_tmp / "runs").exists()
+
+
+def test_one_missing_file_is_named(capsys, workdir, damaged_copy):
+    (damaged_copy / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    code = train.main(["--data_dir", str(damaged_copy), "--data.download", "false"])
+    err = capsys.readouterr().err
+    assert code == 65 and "missing t10k-labels-idx1-ubyte and download is disabled" in err, err
+
+
+def test_damaged_file_stops_a_ddp_launch_before_any_worker_starts(workdir, damaged_copy):
+    """The check runs in the launching process: exit 65, no rank ever started, nothing written.
+
+    About 8 s end to end on a busy 2-core machine, nearly all of it importing torch, torchvision
+    and Lightning; hence the looser bound here than in the in-process test above.
+    """
+    path = damaged_copy / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes()[:-1])
+    started = time.monotonic()
+    result = run_train(["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--data_dir", str(damaged_copy)],
+                       cwd=workdir, timeout=60)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 65, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert errors == [f"train.py: error: {path.resolve()}: truncated: 263 bytes, expected 264 (8-byte header + 256); "
+                      "replace it with a good copy (or delete it and rerun with network to download it again)"]
+    assert "Traceback" not in result.stderr and "Initializing distributed" not in result.stderr
+    assert not (workdir / "runs").exists()
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
+def test_setup_checks_the_files_on_every_rank(damaged_copy):
+    """A rank whose node holds a damaged copy (prepare_data ran elsewhere) stops in setup, not mid-epoch."""
+    path = damaged_copy / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes()[:8] + bytes([10]) + path.read_bytes()[9:])
+    dm = FashionMNISTDataModule(data_dir=str(damaged_copy), download=False)
+    with pytest.raises(CorruptDataError, match="label 10 at index 0 is outside 0..9"):
+        dm.setup("fit")

@@ -1,0 +1,149 @@
+"""Checks of the user's input that Lightning and jsonargparse do not make, each failing with one line.
+
+Plain functions of plain values (no Trainer), so tests can call them with any machine's
+counts. train.py calls them before anything is instantiated (devices, accumulation, config
+files) or, for what needs the instantiated objects (output folders, ``--ckpt_path last``),
+before the launcher starts a process or creates a process group.
+
+``--devices``, decided here and documented in the README:
+
+* a number N: N processes on CPU (at most ``os.cpu_count()`` per node: Lightning would start
+  64 gloo processes on a 2-core machine), N GPUs per node (at most the visible ones);
+* ``auto``: Lightning's choice, every visible GPU, or 1 process on CPU;
+* ``-1``: every visible GPU; refused on CPU, where it has no count to mean;
+* a list (``0,2`` or ``[0,2]``): those GPU indices, each visible; refused on CPU.
+"""
+
+import os
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Union
+
+import yaml
+
+from cli.errors import ConfigError, OutputNotWritableError
+
+DEVICES_KEY = "trainer.devices (--devices)"
+
+
+def _parse_devices(devices: Union[int, str, Sequence[int], None]):
+    """``int``, ``"auto"``, or a list of GPU indices, from what the config holds."""
+    if devices is None:
+        return "auto"
+    if isinstance(devices, (list, tuple)):
+        return [int(d) for d in devices]
+    if isinstance(devices, int):
+        return devices
+    text = str(devices).strip()
+    if text == "auto":
+        return "auto"
+    if text.lstrip("-").isdigit():
+        return int(text)
+    parts = [p.strip() for p in text.strip("[]").split(",") if p.strip()]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise ConfigError(f"{DEVICES_KEY} is {devices!r}: give a number, auto, -1 or a list of GPU indices") from None
+
+
+def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> None:
+    """Refuses device requests this machine cannot serve; ``accelerator`` is ``cpu`` or ``cuda`` (resolved)."""
+    parsed = _parse_devices(devices)
+    if accelerator == "cpu":
+        cores = cpu_count or 1
+        allowed = f"give a number of CPU processes from 1 to {cores} (this machine has {cores} CPU cores), or auto (1)"
+        if isinstance(parsed, list):
+            raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: {allowed}")
+        if parsed == "auto":
+            return
+        if parsed == -1:
+            raise ConfigError(f"{DEVICES_KEY} is -1 (every GPU), but the accelerator is cpu: {allowed}")
+        if parsed <= 0:
+            raise ConfigError(f"{DEVICES_KEY} is {parsed}: {allowed}")
+        if parsed > cores:
+            raise ConfigError(
+                f"{DEVICES_KEY} is {parsed}, more CPU processes than this machine has cores ({cores}): {allowed}; "
+                f"for more ranks use more nodes (--num_nodes) or GPUs (--accelerator gpu)"
+            )
+        return
+    if accelerator == "cuda" and gpu_count > 0:
+        visible = f"{gpu_count} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        allowed = f"give 1 to {gpu_count}, -1 or auto (every visible GPU), or GPU indices from 0 to {gpu_count - 1}"
+        if parsed == "auto":
+            return
+        if isinstance(parsed, list):
+            bad = [d for d in parsed if not 0 <= d < gpu_count]
+            if bad or not parsed or len(set(parsed)) != len(parsed):
+                raise ConfigError(f"{DEVICES_KEY} is {devices!r}: GPU indices must be distinct and visible, {visible}: {allowed}")
+        elif parsed == 0 or parsed < -1:
+            raise ConfigError(f"{DEVICES_KEY} is {parsed}: {allowed}")
+        elif parsed > gpu_count:
+            raise ConfigError(f"{DEVICES_KEY} is {parsed}, more GPUs than are visible: {visible}; {allowed}")
+
+
+def check_at_least_one(key: str, value) -> None:
+    """Counts Lightning accepts but cannot run with (``accumulate_grad_batches 0`` divides by zero)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"{key} is {value!r}: give a whole number >= 1 (1: every batch is one step)")
+
+
+def config_files(args: Sequence[str]) -> List[str]:
+    """The values of ``--config FILE`` / ``--config=FILE`` in ``args``."""
+    found = []
+    for i, token in enumerate(args):
+        if token == "--config" and i + 1 < len(args):
+            found.append(args[i + 1])
+        elif token.startswith("--config="):
+            found.append(token.split("=", 1)[1])
+    return found
+
+
+def check_config_file(name: str) -> None:
+    """An existing ``--config`` file must hold a YAML mapping; jsonargparse says "Unexpected config:" without the file.
+
+    Names that are not files are left to jsonargparse ("File does not exist", or an inline YAML string).
+    """
+    path = Path(name)
+    if not path.is_file():
+        return
+    try:
+        with path.open() as stream:  # a stream, so that YAML's messages name the file
+            loaded = yaml.safe_load(stream)
+    except OSError as error:
+        raise ConfigError(f"--config {name}: cannot be read ({error.strerror or error})") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--config {name}: not valid YAML: {' '.join(str(error).split())}") from error
+    if loaded is None:
+        raise ConfigError(f"--config {name}: the file is empty; it should hold keys such as trainer:, model:, data:")
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            f"--config {name}: holds a {type(loaded).__name__} ({str(loaded)[:40]!r}), not keys such as trainer:, model:, data:"
+        )
+
+
+def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
+    """Why ``folder`` cannot be created or written, else None. Reads only: nothing is created."""
+    text = str(folder)
+    if "://" in text:  # s3://, memory://...: left to fsspec
+        return None
+    path = Path(text).expanduser().absolute()
+    for candidate in (path, *path.parents):
+        if candidate.exists() or candidate.is_symlink():
+            if not candidate.is_dir():
+                return f"{candidate} is a file, not a folder"
+            if not os.access(candidate, os.W_OK | os.X_OK):
+                return f"{candidate} is not writable"
+            return None
+    return None
+
+
+def check_writable(folders: Iterable[tuple]) -> None:
+    """``folders``: (key, folder) pairs; raises :class:`OutputNotWritableError` for the first one that is not writable."""
+    for key, folder in folders:
+        if folder is None:
+            continue
+        reason = unwritable_reason(folder)
+        if reason is not None:
+            raise OutputNotWritableError(
+                f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
+                f"(e.g. --trainer.logger.init_args.save_dir and the ModelCheckpoint dirpath in your config)"
+            )

@@ -1,0 +1,102 @@
+"""Check the four Fashion-MNIST IDX files before anything trains on them: cheap, and one clear line per problem.
+
+torchvision checks the MD5 of the downloaded ``.gz`` files only; of the extracted IDX
+files it checks that they exist. What it then does with a damaged file (measured with
+torchvision 0.29.1): a truncated or over-long images file fails with
+``RuntimeError: shape '[256, 28, 28]' is invalid for input of size 100344``, an empty
+file with ``ValueError: invalid literal for int() with base 16: b''``, a still-gzipped
+file with a bare ``AssertionError``; a labels file holding fewer labels than there are
+images, and a label of 99, are accepted: the first silently trains on fewer images, the
+second fails inside ``cross_entropy`` mid-epoch.
+
+Here each file's header and size are read (a few bytes each) and the labels scanned
+(60 KB for the training split): size, magic number, 28×28 images, as many labels as
+images, every label in 0..9. A problem raises :class:`CorruptDataError` naming the file.
+"""
+
+import os
+import struct
+from pathlib import Path
+from typing import Iterable, Tuple
+
+UNSIGNED_BYTE = 0x08
+IMAGE_SHAPE = (28, 28)
+NUM_CLASSES = 10
+GZIP_MAGIC = b"\x1f\x8b"
+# The (images, labels) file pairs torchvision's FashionMNIST reads from FashionMNIST/raw.
+SPLITS = (
+    ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+)
+REPAIR_HINT = "replace it with a good copy (or delete it and rerun with network to download it again)"
+
+
+class CorruptDataError(ValueError):
+    """An IDX file is unreadable, truncated, of the wrong kind, or disagrees with its pair; the message names it."""
+
+
+def _fail(path: Path, problem: str, hint: str = REPAIR_HINT) -> CorruptDataError:
+    return CorruptDataError(f"{path}: {problem}; {hint}")
+
+
+def read_header(path: Path, ndim: int) -> Tuple[int, ...]:
+    """The dimensions in an IDX header of unsigned bytes with ``ndim`` dimensions; checks the file's size against them."""
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            header = f.read(4 + 4 * ndim)
+    except OSError as error:
+        raise _fail(path, f"cannot be read ({error.strerror or error})", "make it readable (chmod a+r)") from error
+    if size == 0:
+        raise _fail(path, "is empty (0 bytes)")
+    if header[:2] == GZIP_MAGIC:
+        raise _fail(path, "is still gzip-compressed (starts with 1f 8b): gunzip it")
+    if len(header) < 4 + 4 * ndim:
+        raise _fail(path, f"is {size} bytes, shorter than its {4 + 4 * ndim}-byte header")
+    magic = struct.unpack(">I", header[:4])[0]
+    expected_magic = (UNSIGNED_BYTE << 8) | ndim
+    if magic != expected_magic:
+        raise _fail(
+            path,
+            f"bad magic number 0x{magic:08x}, expected 0x{expected_magic:08x} (unsigned bytes, {ndim} dimension(s))",
+        )
+    dims = struct.unpack(f">{ndim}I", header[4:])
+    expected_size = 4 + 4 * ndim + _product(dims)
+    if size != expected_size:
+        shape = "×".join(str(d) for d in dims)
+        kind = "truncated" if size < expected_size else "has trailing bytes"
+        raise _fail(path, f"{kind}: {size} bytes, expected {expected_size} ({4 + 4 * ndim}-byte header + {shape})")
+    return dims
+
+
+def _product(values: Iterable[int]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result
+
+
+def check_split(images_path: Path, labels_path: Path) -> int:
+    """Checks one images/labels pair; returns the number of samples."""
+    count, *shape = read_header(images_path, 3)
+    if tuple(shape) != IMAGE_SHAPE:
+        raise _fail(images_path, f"images are {shape[0]}×{shape[1]} pixels, expected 28×28")
+    if count == 0:
+        raise _fail(images_path, "holds no images")
+    (labels,) = read_header(labels_path, 1)
+    if labels != count:
+        raise _fail(labels_path, f"holds {labels} labels but {images_path.name} holds {count} images")
+    with open(labels_path, "rb") as f:
+        f.seek(8)
+        values = f.read()
+    largest = max(values)
+    if largest >= NUM_CLASSES:
+        index = next(i for i, value in enumerate(values) if value >= NUM_CLASSES)
+        raise _fail(labels_path, f"label {values[index]} at index {index} is outside 0..{NUM_CLASSES - 1}")
+    return count
+
+
+def check_raw_folder(raw_folder: Path) -> None:
+    """Checks both splits' files in ``raw_folder`` (they must exist); raises :class:`CorruptDataError`."""
+    for images, labels in SPLITS:
+        check_split(raw_folder / images, raw_folder / labels)

@@ -1,0 +1,51 @@
+"""cli/checks.py with any machine's counts: the GPU cases run here without a GPU."""
+
+import pytest
+
+from cli.checks import check_devices, unwritable_reason
+from cli.errors import ConfigError
+
+
+@pytest.mark.parametrize("devices", [1, "2", 2, -1, "-1", "auto", None, [0, 1], "0,1", "[1]"])
+def test_gpu_requests_within_the_visible_gpus_pass(devices):
+    check_devices(devices, "cuda", cpu_count=2, gpu_count=2)
+
+
+@pytest.mark.parametrize("devices, message", [
+    (3, "is 3, more GPUs than are visible: 2 visible"),
+    ("8", "is 8, more GPUs than are visible"),
+    (0, "is 0: give 1 to 2, -1 or auto (every visible GPU), or GPU indices from 0 to 1"),
+    (-2, "is -2"),
+    ([0, 2], "GPU indices must be distinct and visible"),
+    ("0,0", "GPU indices must be distinct and visible"),
+])
+def test_gpu_requests_beyond_the_visible_gpus_are_refused(devices, message):
+    with pytest.raises(ConfigError) as error:
+        check_devices(devices, "cuda", cpu_count=64, gpu_count=2)
+    assert message in str(error.value) and str(error.value).startswith("trainer.devices (--devices) is ")
+
+
+@pytest.mark.parametrize("devices", [1, "4", 4, "auto"])
+def test_cpu_processes_up_to_the_cores_pass(devices):
+    check_devices(devices, "cpu", cpu_count=4, gpu_count=0)
+
+
+@pytest.mark.parametrize("devices, message", [
+    (5, "is 5, more CPU processes than this machine has cores (4)"),
+    (64, "is 64, more CPU processes"),
+    (0, "is 0: give a number of CPU processes from 1 to 4"),
+    (-1, "is -1 (every GPU), but the accelerator is cpu"),
+    ([0], "a list of GPU indices, but the accelerator is cpu"),
+])
+def test_cpu_requests_beyond_the_cores_are_refused(devices, message):
+    with pytest.raises(ConfigError) as error:
+        check_devices(devices, "cpu", cpu_count=4, gpu_count=0)
+    assert message in str(error.value)
+
+
+def test_unwritable_reason_reads_only(tmp_path):
+    assert unwritable_reason(tmp_path / "new" / "deeper") is None
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("x")
+    assert unwritable_reason(tmp_path / "file" / "logs") == f"{tmp_path / 'file'} is a file, not a folder"
+    assert unwritable_reason("s3://bucket/runs") is None
