@@ -92,23 +92,29 @@ class FashionMNISTCLI(LightningCLI):
             )
 
     @staticmethod
-    def _check_devices(trainer) -> None:
-        """More CPU processes than cores, or more GPUs than visible: refused before anything starts (cli/checks.py)."""
-        accelerator = trainer.accelerator if isinstance(trainer.accelerator, str) else None
-        if accelerator is None or str(trainer.strategy).lower() == "dp":
-            return  # an Accelerator object from a config file; dp has its own check (_check_strategy)
-        accelerator = accelerator.lower()
+    def _resolved_accelerator(trainer) -> Optional[str]:
+        """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object from a config."""
+        if not isinstance(trainer.accelerator, str):
+            return None
+        accelerator = trainer.accelerator.lower()
         cuda = torch.cuda.is_available()
         if accelerator == "auto":
             mps = getattr(torch.backends, "mps", None)
-            accelerator = "cuda" if cuda else "mps" if mps is not None and mps.is_available() else "cpu"
-        elif accelerator == "gpu" and cuda:
-            accelerator = "cuda"
-        if accelerator in ("cpu", "cuda"):
-            check_devices(trainer.devices, accelerator, os.cpu_count(), torch.cuda.device_count() if cuda else 0)
+            return "cuda" if cuda else "mps" if mps is not None and mps.is_available() else "cpu"
+        return "cuda" if accelerator == "gpu" and cuda else accelerator
 
-    @staticmethod
-    def _check_strategy(config) -> None:
+    @classmethod
+    def _check_devices(cls, trainer) -> None:
+        """More CPU processes than cores, or more GPUs than visible: refused before anything starts (cli/checks.py)."""
+        accelerator = cls._resolved_accelerator(trainer)
+        if str(trainer.strategy).lower() == "dp":
+            return  # dp has its own check (_check_strategy)
+        if accelerator in ("cpu", "cuda"):
+            cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            check_devices(trainer.devices, accelerator, os.cpu_count(), cuda_devices)
+
+    @classmethod
+    def _check_strategy(cls, config) -> None:
         """dp needs GPUs; ``--strategy fsdp`` on CPU runs our gloo FSDP (Lightning refuses CPU), without layer-wise optimizers."""
         trainer = config.trainer
         if str(trainer.strategy).lower() == "dp":
@@ -116,9 +122,7 @@ class FashionMNISTCLI(LightningCLI):
                 require_cuda_for_dp()
             except MisconfigurationException as error:
                 raise ConfigError(one_line(error)) from error
-        if trainer.strategy == "fsdp" and (
-            trainer.accelerator == "cpu" or (trainer.accelerator == "auto" and not torch.cuda.is_available())
-        ):
+        if trainer.strategy == "fsdp" and cls._resolved_accelerator(trainer) == "cpu":
             trainer.strategy = "fsdp_cpu"
         optimizer = config.model.optimizer
         if is_fsdp(trainer.strategy) and optimizer in LAYERWISE_OPTIMIZERS:
@@ -135,8 +139,9 @@ class FashionMNISTCLI(LightningCLI):
             # ImportError: e.g. --accelerator tpu without torch_xla installed.
             raise ConfigError(one_line(error)) from error
 
-    def _prepare_data_before_launch(self) -> None:
-        """Find (or download) and check the data in the launching process, before any worker process exists.
+    def _check_before_launch(self) -> None:
+        """Check the output folders and ``--ckpt_path``, and find (or download) and check the data, in the
+        launching process before any worker process exists.
 
         A missing or damaged file then ends the run with one line here, instead of one rank failing
         inside ``fit`` (or mid-epoch) while the others wait for it. Only what would be each node's local
@@ -186,7 +191,7 @@ class FashionMNISTCLI(LightningCLI):
                 f"have yet; give the file instead (--ckpt_path FILE){examples}"
             )
 
-    before_fit = before_validate = before_test = before_predict = _prepare_data_before_launch
+    before_fit = before_validate = before_test = before_predict = _check_before_launch
 
     def after_fit(self) -> None:
         if self.trainer.interrupted or not self.config.fit.test_after_fit:
