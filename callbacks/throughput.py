@@ -49,11 +49,14 @@ class EpochClock:
         self.timing.data_wait_s += now - self._last_mark
         self._batch_start = now
 
-    def end_batch(self, images: int) -> None:
+    def end_batch(self, images: int) -> float:
+        """Count the batch; returns its host time (start of the step to its end)."""
         now = self.clock()
-        self.timing.compute_s += now - self._batch_start
+        step_s = now - self._batch_start
+        self.timing.compute_s += step_s
         self.timing.images += images
         self._last_mark = now
+        return step_s
 
     def pause(self) -> None:
         if self._epoch_start is not None and self._paused_at is None:
@@ -128,12 +131,16 @@ class ThroughputReport(Callback):
 
     Logged: ``throughput/images_per_sec`` (all ranks), ``throughput/images_per_sec_per_device``,
     ``time/epoch_s`` and ``time/cumulative_s`` (training only), ``time/data_wait_s`` and
-    ``time/compute_s`` (per epoch, mean over ranks).
+    ``time/compute_s`` (per epoch, mean over ranks), and once ``time/first_step_s``: rank 0's first
+    training step, which carries ``torch.compile``, cuDNN autotuning and allocator warm-up. With
+    ``--model.compile true`` rank 0 also prints it, so compilation is visible apart from the
+    steady rate (it stays inside epoch 1's time: the user waits for it).
     """
 
     def __init__(self) -> None:
         self.clock = EpochClock()
         self.cumulative_s = 0.0
+        self.first_step_s: Optional[float] = None
 
     @staticmethod
     def _sync(trainer: Trainer) -> None:
@@ -148,7 +155,14 @@ class ThroughputReport(Callback):
         self.clock.start_batch()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        self.clock.end_batch(len(batch[1]))
+        if self.first_step_s is None:
+            self._sync(trainer)
+            self.first_step_s = self.clock.end_batch(len(batch[1]))
+            log_to_loggers(trainer, {"time/first_step_s": self.first_step_s})
+            if trainer.is_global_zero and getattr(pl_module, "hparams", {}).get("compile"):
+                print(f"First training step: {self.first_step_s:.1f} s (includes torch.compile)", flush=True)
+        else:
+            self.clock.end_batch(len(batch[1]))
 
     # Inside fit, validation runs with trainer.training False, so no stage check here: the clock
     # ignores a pause outside a training epoch (sanity check, the validate subcommand).

@@ -1,0 +1,147 @@
+"""The speed options: batched augmentation, splits held on the device, channels_last, torch.compile, warm-up start."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
+from datamodules.fashion_mnist import FashionMNISTDataModule
+from lightning_modules.classifier import FashionMNISTClassifier
+from tests.conftest import run_train
+
+
+def distinct_images(n: int = 64, size: int = 28) -> torch.Tensor:
+    """uint8 images with no zero pixel, so every 0 in an augmented image comes from the padding."""
+    return torch.randint(1, 256, (n, 1, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+
+
+def shifted(image: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """``image`` moved by (dy, dx) pixels, uncovered pixels 0: what RandomCrop(padding) makes of it."""
+    out = torch.zeros_like(image)
+    h, w = image.shape[-2:]
+    out[..., max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = image[..., max(-dy, 0):h - max(dy, 0),
+                                                                          max(-dx, 0):w - max(dx, 0)]
+    return out
+
+
+def test_random_crop_shifts_each_image_within_the_padding_and_fills_with_black():
+    images = distinct_images()
+    cropped = random_crop(images, 2, batch_generator(torch.device("cpu"), 7))
+    assert cropped.shape == images.shape and cropped.dtype == torch.uint8
+    offsets = set()
+    for original, out in zip(images, cropped):
+        matches = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3) if torch.equal(shifted(original, dy, dx), out)]
+        assert len(matches) == 1, "each output must be its own image shifted by one offset in [-2, 2]"
+        offsets.add(matches[0])
+    assert len(offsets) > 10, "offsets are drawn per image, not once per batch"
+
+
+def test_horizontal_flip_mirrors_about_half_of_the_images():
+    images = distinct_images(400)
+    flipped = random_horizontal_flip(images, batch_generator(torch.device("cpu"), 3))
+    mirrored = [torch.equal(out, original.flip(-1)) for original, out in zip(images, flipped)]
+    unchanged = [torch.equal(out, original) for original, out in zip(images, flipped)]
+    assert all(m != u for m, u in zip(mirrored, unchanged))
+    assert 160 < sum(mirrored) < 240
+
+
+def test_augmentation_draws_depend_on_seed_rank_epoch_and_batch_only():
+    seeds = {augmentation_seed(42, rank, epoch, batch) for rank in (0, 1) for epoch in (0, 1) for batch in (0, 1)}
+    assert len(seeds) == 8
+    images = distinct_images()
+    again = [random_crop(images, 3, batch_generator(torch.device("cpu"), augmentation_seed(42, 0, 1, 5))) for _ in (0, 1)]
+    assert torch.equal(again[0], again[1]), "a resumed run must draw the same crops"
+
+
+def fake_trainer(training: bool, batch: int = 0, epoch: int = 0, rank: int = 0):
+    progress = SimpleNamespace(current=SimpleNamespace(ready=batch))
+    return SimpleNamespace(training=training, global_rank=rank, current_epoch=epoch,
+                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_augmentation_applies_to_training_batches_only(training):
+    data = FashionMNISTDataModule(random_crop_padding=2, horizontal_flip=True)
+    data.trainer = fake_trainer(training)
+    images = distinct_images()
+    out, _ = data.on_after_batch_transfer((images, torch.zeros(64, dtype=torch.long)), 0)
+    plain, _ = FashionMNISTDataModule().on_after_batch_transfer((images, torch.zeros(64, dtype=torch.long)), 0)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, plain) != training
+
+
+def test_splits_stay_in_host_memory_on_cpu(fashion_root):
+    data = FashionMNISTDataModule(data_dir=str(fashion_root))
+    data.setup("fit")
+    assert data.train_set.device.type == "cpu" and data.test_set.device.type == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_splits_live_in_gpu_memory_and_batches_are_gathered_there(fashion_root):
+    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    data = FashionMNISTDataModule(data_dir=str(fashion_root))
+    data.trainer = trainer
+    data.setup("fit")
+    images, targets = data.train_set.__getitems__([0, 5, 3])
+    assert images.is_cuda and targets.is_cuda
+    assert data._loader(data.train_set, 4, shuffle=False).pin_memory is False
+
+
+def test_channels_last_keeps_the_outputs_and_stores_weights_nhwc():
+    torch.manual_seed(0)
+    plain = FashionMNISTClassifier(network="cnn").eval()
+    nhwc = FashionMNISTClassifier(network="cnn", channels_last=True).eval()
+    nhwc.load_state_dict(plain.state_dict())
+    conv = nhwc.net[0][3].weight  # 32 input channels (with 1 channel, NHWC and NCHW coincide)
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    images = torch.randn(8, 1, 28, 28)
+    torch.testing.assert_close(nhwc(images), plain(images), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_routes_the_forward_through_torch_compile_and_keeps_plain_checkpoint_keys(monkeypatch):
+    """Wiring only: inductor takes minutes on 2 cores, so torch.compile is replaced by a recorder here;
+    the real compilation is exercised by the GPU checks and `make bench BENCH_ARGS=--compile`."""
+    compiled = []
+
+    def fake_compile(module):
+        compiled.append(module)
+        return lambda images: module(images) * 0 + 7.0
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    model = FashionMNISTClassifier(network="mlp", compile=True)
+    assert torch.equal(model(torch.zeros(2, 1, 28, 28)), torch.full((2, 10), 7.0))
+    model(torch.zeros(2, 1, 28, 28))
+    assert compiled == [model.net], "compiled once, the network itself (not the LightningModule)"
+    keys = set(model.state_dict())
+    assert keys == set(FashionMNISTClassifier(network="mlp").state_dict())
+    assert not any("_orig_mod" in key or "_compiled" in key for key in keys)
+
+
+def test_warmup_can_start_below_base_lr():
+    model = FashionMNISTClassifier(network="mlp", base_lr=0.1, lr_scaling="none", warmup_epochs=1, warmup_start_lr=0.01)
+    trainer = SimpleNamespace(num_devices=1, num_nodes=1, accumulate_grad_batches=1, estimated_stepping_batches=10,
+                              max_epochs=2, strategy=SimpleNamespace(process_group_backend=None),
+                              world_size=1, accelerator=object(), datamodule=SimpleNamespace(batch_size=32))
+    model.trainer = trainer
+    schedule = model.configure_optimizers()["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(6):
+        lrs.append(schedule.get_last_lr()[0])
+        schedule.optimizer.step()
+        schedule.step()
+    assert lrs[0] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.1)
+    assert lrs == sorted(lrs)
+
+
+def test_fit_with_augmentation_and_channels_last_through_the_cli(workdir, fashion_root):
+    """The options as users type them: an NHWC, augmented run trains, validates and checkpoints."""
+    result = run_train(["--data_dir", str(fashion_root), "--accelerator", "cpu", "--epochs", "1",
+                        "--batch_size", "32", "--model.channels_last", "true",
+                        "--data.random_crop_padding", "2", "--data.horizontal_flip", "true",
+                        "--trainer.limit_train_batches", "3", "--test_after_fit", "false"], cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Epoch 1: Cumulative Time" in result.stdout
+    checkpoint = torch.load(workdir / "runs/fashion_mnist/checkpoints/last.ckpt", weights_only=False)
+    hparams = checkpoint["datamodule_hyper_parameters"]
+    assert hparams["random_crop_padding"] == 2 and hparams["horizontal_flip"] is True
