@@ -27,8 +27,11 @@ train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds fla
 test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-bench: $(STAMP)  ## speed benchmark (not yet: see the speed issue)
-	@echo "make bench: not yet implemented; docs/benchmarks.md lists the figures measured so far and their commands."
+# Extra flags for the benchmark, e.g. make bench BENCH_ARGS="--network fast --repeats 5"
+BENCH_ARGS ?=
+
+bench: $(STAMP)  ## speed A/B benchmark (needs FASHION_MNIST_DIR); rewrites its section of docs/benchmarks.md
+	$(BIN)/python -m benchmarks.speed --write $(BENCH_ARGS)
 
 tensorboard: $(STAMP)  ## serve the TensorBoard logs under runs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir runs

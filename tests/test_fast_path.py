@@ -101,7 +101,7 @@ def test_channels_last_keeps_the_outputs_and_stores_weights_nhwc():
 
 def test_compile_routes_the_forward_through_torch_compile_and_keeps_plain_checkpoint_keys(monkeypatch):
     """Wiring only: inductor takes minutes on 2 cores, so torch.compile is replaced by a recorder here;
-    the real compilation is exercised by the GPU checks and `make bench BENCH_ARGS=--compile`."""
+    the real compilation is measured by `make bench BENCH_ARGS=--options` (docs/benchmarks.md)."""
     compiled = []
 
     def fake_compile(module):
@@ -145,3 +145,42 @@ def test_fit_with_augmentation_and_channels_last_through_the_cli(workdir, fashio
     checkpoint = torch.load(workdir / "runs/fashion_mnist/checkpoints/last.ckpt", weights_only=False)
     hparams = checkpoint["datamodule_hyper_parameters"]
     assert hparams["random_crop_padding"] == 2 and hparams["horizontal_flip"] is True
+
+
+def test_flip_test_time_averages_the_logits_of_an_image_and_its_mirror():
+    torch.manual_seed(0)
+    plain = FashionMNISTClassifier(network="mlp").eval()
+    tta = FashionMNISTClassifier(network="mlp", flip_test_time=True).eval()
+    tta.load_state_dict(plain.state_dict())
+    images = torch.randn(4, 1, 28, 28)
+    expected = (plain(images) + plain(images.flip(-1))) / 2
+    torch.testing.assert_close(tta.evaluation_logits(images), expected)
+    torch.testing.assert_close(tta(images), plain(images)), "training forward is unchanged"
+    assert not torch.allclose(plain.evaluation_logits(images), expected)
+
+
+def multiply_adds(net: torch.nn.Module) -> int:
+    """Multiply-adds of the convolutions and linear layers for one 1×28×28 image."""
+    total = 0
+
+    def count(module, inputs, output):
+        nonlocal total
+        if isinstance(module, torch.nn.Conv2d):
+            total += output.numel() * module.in_channels * module.kernel_size[0] * module.kernel_size[1] // module.groups
+        elif isinstance(module, torch.nn.Linear):
+            total += module.in_features * module.out_features
+
+    handles = [m.register_forward_hook(count) for m in net.modules()]
+    net.eval()(torch.zeros(1, 1, 28, 28))
+    for handle in handles:
+        handle.remove()
+    return total
+
+
+def test_fast_cnn_does_a_quarter_of_the_cnn_work_per_image():
+    from lightning_modules.networks import build_network
+
+    fast, cnn = build_network("fast_cnn"), build_network("cnn")
+    assert fast.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+    assert multiply_adds(fast) == pytest.approx(4.2e6, rel=0.03)
+    assert multiply_adds(fast) < 0.25 * multiply_adds(cnn)

@@ -1,0 +1,285 @@
+"""`make bench`: how close train.py comes to the compute bound, and what it gains over the workshop's loop.
+
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.speed [--network cnn] [--repeats 3]
+
+For one network and per-device batch, in one run, with the measurements interleaved
+(a, b, c, d1, d2, then again) and medians quoted:
+
+  (a) compute bound: a bare PyTorch loop (forward, backward, SGD step) on one fixed batch in memory;
+  (b) train.py as users run it (configs/default.yaml, its callbacks and logger), steady state:
+      the epoch line's images/sec of epochs 2..n (epoch 1 pays for start-up and warm-up);
+  (c) the workshop's loop: torchvision's FashionMNIST with ToTensor/Normalize per image and a DataLoader;
+  (d) ddp on CPU: train.py with 2 processes x 1 thread against 1 process x 1 thread.
+
+It prints b/a, b/c and the 2-process speed-up, a throughput-by-batch-size table of the bare
+loop (the lecture's CPU vs GPU table; GPU rows when CUDA is visible), the time of
+``train.py --help`` and of a start-up to the first optimizer step, and with ``--write``
+replaces the generated section of docs/benchmarks.md.
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD, default_data_dir, torchvision_root  # noqa: E402
+from lightning_modules.networks import build_network  # noqa: E402
+
+EPOCH_LINE = re.compile(r"Epoch (\d+): Cumulative Time = [\d.]+, Images/sec = ([\d.]+)")
+EPOCH_TIME = re.compile(r"Epoch 1: Cumulative Time = ([\d.]+)")
+FIRST_STEP_LINE = re.compile(r"First training step: ([\d.]+) s")
+# train.py's speed options, each measured against (b) with --options.
+OPTIONS = {
+    "channels_last": ["--model.channels_last", "true"],
+    "compile": ["--model.compile", "true"],
+    "crop+flip": ["--data.random_crop_padding", "2", "--data.horizontal_flip", "true"],
+}
+DOC = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
+TARGETS = {"b/a": 0.95, "b/c": 1.3, "ddp speed-up": 1.85}
+
+
+def sgd_for(net: torch.nn.Module) -> torch.optim.Optimizer:
+    """The default recipe's optimizer (SGD, momentum 0.9, lr 0.05), so every loop does the same work per step."""
+    return torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def timed_steps(step: Callable[[], int], warmup: int, seconds: float) -> float:
+    """Images/sec of ``step`` (returns images done) over at least ``seconds``, after ``warmup`` untimed steps."""
+    for _ in range(warmup):
+        step()
+    images, start = 0, time.perf_counter()
+    while True:
+        images += step()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return images / elapsed
+
+
+def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu") -> float:
+    """(a) One fixed, already normalised batch: no data loading at all."""
+    torch.manual_seed(0)
+    net = build_network(network).to(device).train()
+    optimizer = sgd_for(net)
+    images = torch.randn(batch, 1, 28, 28, device=device)
+    targets = torch.randint(0, 10, (batch,), device=device)
+
+    def step() -> int:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(net(images), targets).backward()
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return batch
+
+    return timed_steps(step, warmup=3, seconds=seconds)
+
+
+def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, workers: int) -> float:
+    """(c) The DLI script's input pipeline: PIL image -> ToTensor -> Normalize per image, collated by a DataLoader."""
+    from torchvision import transforms
+    from torchvision.datasets import FashionMNIST
+
+    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((PIXEL_MEAN,), (PIXEL_STD,))])
+    dataset = FashionMNIST(str(torchvision_root(data_dir)), train=True, download=False, transform=transform)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
+    torch.manual_seed(0)
+    net = build_network(network).train()
+    optimizer = sgd_for(net)
+    batches = iter(loader)
+
+    def step() -> int:
+        images, targets = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(net(images), targets).backward()
+        optimizer.step()
+        return len(targets)
+
+    return timed_steps(step, warmup=3, seconds=seconds)
+
+
+def run_train(args: List[str], threads=None, timeout: float = 900) -> str:
+    """train.py in a scratch folder with the default config; returns its output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("OMP_NUM_THREADS", None)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory() as cwd:
+        command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"), *args]
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise SystemExit(f"train.py {' '.join(args)} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
+
+
+def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
+    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own epoch lines.
+
+    ``first_step``: also return the first step's seconds (TensorBoard's ``time/first_step_s`` is not read back;
+    the compile line is printed only with compile, so the first epoch's time stands in for the others).
+    """
+    out = run_train(["--accelerator", "cpu", "--network", network, "--batch_size", str(batch), "--epochs", str(epochs),
+                     "--trainer.limit_train_batches", str(steps), "--trainer.limit_val_batches", "1",
+                     "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra], threads)
+    rates = {int(epoch): float(rate) for epoch, rate in EPOCH_LINE.findall(out)}
+    steady = [rates[e] for e in range(2, epochs + 1) if e in rates]
+    if not steady:
+        raise SystemExit(f"no epoch lines in train.py's output:\n{out[-2000:]}")
+    if first_step:
+        compiled = FIRST_STEP_LINE.search(out)
+        first_epoch_s = float(EPOCH_TIME.search(out).group(1))
+        return statistics.median(steady), float(compiled.group(1)) if compiled else first_epoch_s
+    return statistics.median(steady)
+
+
+def wall_seconds(command: List[str]) -> float:
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cwd:
+        subprocess.run(command, cwd=cwd, capture_output=True, check=True, timeout=300)
+    return time.perf_counter() - start
+
+
+def machine() -> str:
+    import lightning
+
+    model = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{model}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, torch {torch.__version__}, "
+            f"lightning {lightning.__version__}, {torch.get_num_threads()} torch threads")
+
+
+def median_of(samples: Dict[str, List[float]]) -> Dict[str, float]:
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def spread(values: List[float]) -> str:
+    return f"{min(values):.0f}-{max(values):.0f}"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--network", default="cnn")
+    parser.add_argument("--batch_size", type=int, default=128, help="per device, as everywhere")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=25, help="train.py steps per epoch (3 epochs, 2 timed)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per bare-loop measurement")
+    parser.add_argument("--workshop_workers", type=int, default=0, help="DataLoader workers of loop (c)")
+    parser.add_argument("--options", action="store_true",
+                        help="also measure train.py's speed options (channels_last, compile, augmentation) against (b)")
+    parser.add_argument("--write", action="store_true", help="replace the generated section of docs/benchmarks.md")
+    opts = parser.parse_args(argv)
+    data_dir = default_data_dir()
+    raw = torchvision_root(data_dir) / "FashionMNIST" / "raw"
+    if not (raw / "train-images-idx3-ubyte").is_file():
+        raise SystemExit(f"make bench needs the Fashion-MNIST IDX files in {raw.resolve()}: "
+                         "set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
+
+    net, batch = opts.network, opts.batch_size
+    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2")}
+    options = OPTIONS if opts.options else {}
+    samples.update({name: [] for name in options})
+    first_steps: Dict[str, List[float]] = {name: [] for name in options}
+    started = time.perf_counter()
+    for repeat in range(opts.repeats):
+        samples["a"].append(compute_bound(net, batch, opts.seconds))
+        samples["b"].append(train_py_rate(net, batch, opts.steps, epochs=3))
+        samples["c"].append(workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers))
+        samples["d1"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
+        samples["d2"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
+                                           extra=["--strategy", "ddp", "--devices", "2"]))
+        for name, flags in options.items():
+            rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
+            samples[name].append(rate)
+            first_steps[name].append(first_step)
+        print(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items()),
+              flush=True)
+    m = median_of(samples)
+    ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"], "ddp speed-up": m["d2"] / m["d1"]}
+
+    by_batch = []
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for size in (2, 4, 16, 64, 128, 256, 512):
+        row = [size] + [compute_bound(net, size, seconds=2.0, device=device) for device in devices]
+        by_batch.append(row)
+
+    help_s = statistics.median(wall_seconds([sys.executable, str(REPO / "train.py"), "--help"]) for _ in range(3))
+    first_step_s = statistics.median(
+        wall_seconds([sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
+                      "--accelerator", "cpu", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
+                      "--test_after_fit", "false", "--trainer.logger", "false",
+                      "--trainer.enable_checkpointing", "false"])
+        for _ in range(3)
+    )
+
+    lines = [
+        f"Command: `FASHION_MNIST_DIR=../shared/data make bench` (`python -m benchmarks.speed --network {net} "
+        f"--batch_size {batch} --repeats {opts.repeats} --steps {opts.steps} --seconds {opts.seconds:g}`), "
+        f"{datetime.date.today().isoformat()}, {time.perf_counter() - started:.0f} s.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        f"Network `{net}`, batch {batch} per process, fp32, SGD momentum 0.9. Images/sec, median of {opts.repeats} "
+        "interleaved repeats (range in brackets).",
+        "",
+        "| | measurement | images/sec |",
+        "|---|---|---|",
+        f"| a | compute bound: bare loop on one fixed in-memory batch | {m['a']:.0f} ({spread(samples['a'])}) |",
+        f"| b | train.py, default config, steady state (epochs 2-3) | {m['b']:.0f} ({spread(samples['b'])}) |",
+        f"| c | workshop loop: torchvision dataset, ToTensor/Normalize per image, DataLoader "
+        f"({opts.workshop_workers} workers) | {m['c']:.0f} ({spread(samples['c'])}) |",
+        f"| d1 | train.py, 1 process x 1 thread | {m['d1']:.0f} ({spread(samples['d1'])}) |",
+        f"| d2 | train.py, ddp 2 processes x 1 thread (all ranks) | {m['d2']:.0f} ({spread(samples['d2'])}) |",
+        "",
+        "| ratio | measured | target | |",
+        "|---|---|---|---|",
+    ]
+    for name, value in ratios.items():
+        verdict = "met" if value >= TARGETS[name] else "missed"
+        lines.append(f"| {name} | {value:.2f} | >= {TARGETS[name]} | {verdict} |")
+    if options:
+        lines += ["", "train.py's options against (b), steady state; first: the first epoch's seconds, or with "
+                      "compile the first step's (compilation):", "",
+                  "| option | images/sec | vs (b) | first epoch / step s |", "|---|---|---|---|"]
+        lines += [f"| {name} | {m[name]:.0f} ({spread(samples[name])}) | {m[name] / m['b']:.2f} | "
+                  f"{statistics.median(first_steps[name]):.1f} |" for name in options]
+    header = " | ".join(f"{d} images/sec" for d in devices)
+    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32):", "", f"| batch | {header} |",
+              "|---" * (len(devices) + 1) + "|"]
+    lines += [f"| {row[0]} | " + " | ".join(f"{v:.0f}" for v in row[1:]) + " |" for row in by_batch]
+    if not torch.cuda.is_available():
+        lines += ["", "GPU rows: no GPU on this machine (unverified)."]
+    lines += ["", f"`python train.py --help`: {help_s:.1f} s; start-up to the end of the first optimizer step "
+                  f"(`--trainer.max_steps 1`, no logger, no checkpoint): {first_step_s:.1f} s (medians of 3)."]
+    report = "\n".join(lines)
+    print("\n" + report)
+    if opts.write:
+        text = DOC.read_text()
+        if BEGIN in text and END in text:
+            head, rest = text.split(BEGIN, 1)
+            text = head + BEGIN + "\n" + report + "\n" + END + rest.split(END, 1)[1]
+        else:
+            text = text.rstrip() + f"\n\n## `make bench`\n\n{BEGIN}\n{report}\n{END}\n"
+        DOC.write_text(text)
+        print(f"\nwrote {DOC.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
