@@ -1,0 +1,69 @@
+"""Time to accuracy of a recipe: run it N times (seeds 42, 43, ...) and quote the median and the spread.
+
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.recipe_runs configs/recipes/fast_cpu.yaml [--runs 3]
+
+Each run is ``train.py --config RECIPE --seed S`` as a user types it, in a scratch folder.
+Training seconds are the last epoch line's Cumulative Time (training only, validation
+excluded); test accuracy is the test after fit (the best checkpoint by val/acc, which
+for a one-cycle recipe is the last epoch). Extra flags after ``--`` go to every run.
+"""
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.speed import machine  # noqa: E402
+
+EPOCH_LINE = re.compile(r"Epoch (\d+): Cumulative Time = ([\d.]+), Images/sec = ([\d.]+), Val Loss = [\d.na/]+, "
+                        r"Val Acc = ([\d.]+)")
+TEST_ACC = re.compile(r"test/acc\s*[│|]?\s*([\d.]+)")
+
+
+def one_run(recipe: str, seed: int, extra) -> dict:
+    with tempfile.TemporaryDirectory() as cwd:
+        started = time.perf_counter()
+        result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(Path(recipe).resolve()),
+                                 "--seed", str(seed), *extra], cwd=cwd, capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - started
+    out = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise SystemExit(f"seed {seed}: train.py exited {result.returncode}:\n{out[-3000:]}")
+    epochs = EPOCH_LINE.findall(out)
+    test = TEST_ACC.search(out)
+    return {"seed": seed, "epochs": len(epochs), "train_s": float(epochs[-1][1]),
+            "images_per_sec": statistics.median(float(e[2]) for e in epochs), "val_acc": float(epochs[-1][3]),
+            "test_acc": float(test.group(1)) if test else float("nan"), "wall_s": wall}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("extra", nargs="*", help="flags for every run (after --)")
+    opts = parser.parse_args(argv)
+    rows = []
+    for i in range(opts.runs):
+        rows.append(one_run(opts.recipe, 42 + i, opts.extra))
+        r = rows[-1]
+        print(f"seed {r['seed']}: {r['epochs']} epochs, training {r['train_s']:.1f} s, {r['images_per_sec']:.0f} img/s, "
+              f"val acc {r['val_acc']:.4f}, test acc {r['test_acc']:.4f}, wall {r['wall_s']:.0f} s", flush=True)
+    print(f"\n{opts.recipe} {' '.join(opts.extra)}; {machine()}\n")
+    print("| seed | epochs | training s | images/sec | test acc | wall s |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['seed']} | {r['epochs']} | {r['train_s']:.1f} | {r['images_per_sec']:.0f} | {r['test_acc']:.4f} | "
+              f"{r['wall_s']:.0f} |")
+    for key in ("train_s", "test_acc"):
+        values = [r[key] for r in rows]
+        print(f"{key}: median {statistics.median(values):.4g}, range {min(values):.4g}-{max(values):.4g}")
+
+
+if __name__ == "__main__":
+    main()
