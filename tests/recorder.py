@@ -208,3 +208,15 @@ class BreakCheckpointFolder(Callback):
             shutil.rmtree(folder, ignore_errors=True)
             folder.parent.mkdir(parents=True, exist_ok=True)
             folder.write_text("not a folder")
+
+
+class HangRank(Callback):
+    """Global rank ``rank`` stops taking part at optimizer step ``step`` (sleeps), as a rank stuck in I/O would."""
+
+    def __init__(self, rank: int = 1, step: int = 6) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step >= self.step:
+            time.sleep(3600)
