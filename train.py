@@ -31,6 +31,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from callbacks import StopAtTarget
 from callbacks.divergence import TrainingDiverged
 from callbacks.preemption import SIGNALS, Preempted, Preemption, install_handlers
+from callbacks.rng_state import RngState
 from checkpointing import CheckpointCorruptError, CheckpointWriteError, VerifiedCheckpointIO, newest_valid, verify
 from cli.checks import check_at_least_one, check_config_file, check_devices, check_writable, config_files
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, OutputNotWritableError, one_line
@@ -153,11 +154,12 @@ class FashionMNISTCLI(LightningCLI):
             # ImportError: e.g. --accelerator tpu without torch_xla installed.
             raise ConfigError(one_line(error)) from error
         # Always on, whatever the config: atomic checksummed saves, verified loads (a CheckpointIO given as a
-        # plugin is kept), and a verified last.ckpt on SIGTERM / SIGUSR1 / Ctrl-C.
+        # plugin is kept), a verified last.ckpt on SIGTERM / SIGUSR1 / Ctrl-C, and the RNG state in checkpoints.
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:
             strategy.checkpoint_io = VerifiedCheckpointIO()
         self.trainer.callbacks.append(Preemption())
+        self.trainer.callbacks.append(RngState())  # exact resume: dropout draws continue where they stopped
 
     def _check_before_launch(self) -> None:
         """Check the output folders and ``--ckpt_path``, and find (or download) and check the data, in the
