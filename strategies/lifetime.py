@@ -52,12 +52,12 @@ def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
 
 
 def die_with_parent() -> bool:
-    """In a rank started by a launcher (``LOCAL_RANK`` set), be SIGKILLed when the launcher dies. Linux only.
+    """In a rank started by a launcher (``LOCAL_RANK`` or ``SLURM_PROCID`` set), be SIGKILLed when the launcher dies. Linux only.
 
     Returns whether it was set. If the launcher died before the request took effect (the parent changed),
     exit at once.
     """
-    if not sys.platform.startswith("linux") or "LOCAL_RANK" not in os.environ:
+    if not sys.platform.startswith("linux") or not ({"LOCAL_RANK", "SLURM_PROCID"} & set(os.environ)):
         return False
     parent = os.getppid()
     try:

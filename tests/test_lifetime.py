@@ -11,9 +11,8 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from strategies import register_strategies
 from strategies.lifetime import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, collective_timeout, set_collective_timeout
-from tests.conftest import TRAIN_PY
-from tests.processes import _alive, clean_env, process_tree, running_in, start_all, wait_all
-from tests.test_preemption import wait_for_marker
+from tests.processes import _alive, process_tree, running_in, wait_all
+from tests.test_preemption import start_launcher
 
 TEST_TIMEOUT_S = 20
 BOUND_S = TEST_TIMEOUT_S + 30
@@ -39,18 +38,9 @@ def test_every_ddp_and_fsdp_strategy_name_gets_the_timeout(monkeypatch):
         set_collective_timeout(timedelta(seconds=DEFAULT_TIMEOUT_S))
 
 
-def argv(fashion_root, *extra):
-    return [str(TRAIN_PY), "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp",
-            "--data_dir", str(fashion_root), "--batch_size", "32", "--epochs", "3", "--test_after_fit", "false",
-            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=6", *extra]
-
-
 def start_job(tmp_path, fashion_root, *extra):
-    record = tmp_path / "record"
-    record.mkdir()
-    env = clean_env({"SAMPLE_RECORD_DIR": str(record), TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
-    (job,) = start_all([("launcher", argv(fashion_root, *extra), tmp_path, env)], tmp_path / "logs")
-    wait_for_marker(record, [job])
+    """A 2-rank ddp launch at step 6; its pid and rank 1's."""
+    job = start_launcher(tmp_path, fashion_root, {TIMEOUT_ENV: str(TEST_TIMEOUT_S)}, extra)
     ranks = {pid for pid, _ in process_tree(job.proc.pid)} - {job.proc.pid}
     assert len(ranks) == 1, ranks  # Lightning's launcher started rank 1 from rank 0
     return job, ranks.pop()

@@ -44,6 +44,27 @@ def wait_for_marker(record: Path, jobs, timeout_s: float = TIMEOUT_S) -> None:
         time.sleep(0.1)
 
 
+def start_launcher(tmp_path: Path, fashion_root, env=None, extra=()):
+    """``python train.py --strategy ddp --devices 2 ...`` as a user types it (Lightning's launcher starts rank 1),
+    returned once step 6 is done."""
+    record = tmp_path / "record"
+    record.mkdir()
+    full_env = clean_env({"SAMPLE_RECORD_DIR": str(record), **(env or {})})
+    (job,) = start_all([("launcher", argv(fashion_root, *SLOW, *extra), tmp_path, full_env)], tmp_path / "logs")
+    wait_for_marker(record, [job])
+    return job
+
+
+def signal_and_wait(jobs, send) -> float:
+    """``send()``, wait for every job (hard timeout); seconds from the signal until all exited."""
+    signalled = time.monotonic()
+    send()
+    timed_out = wait_all(jobs, TIMEOUT_S)
+    took = time.monotonic() - signalled
+    assert timed_out is None, timed_out
+    return took
+
+
 def stop_lines(stderr: str) -> list:
     return [line for line in stderr.splitlines() if line.startswith("train.py: stopped by")]
 
@@ -65,16 +86,9 @@ def assert_verified_last(cwd: Path, line: str) -> dict:
 
 def test_sigterm_to_the_launcher_stops_both_ranks_with_143_and_a_verified_last_ckpt_then_resume(tmp_path,
                                                                                                   fashion_root):
-    record = tmp_path / "record"
-    record.mkdir()
-    env = clean_env({"SAMPLE_RECORD_DIR": str(record)})
-    (job,) = start_all([("launcher", argv(fashion_root, *SLOW), tmp_path, env)], tmp_path / "logs")
-    wait_for_marker(record, [job])
-    signalled = time.monotonic()
-    os.kill(job.proc.pid, signal.SIGTERM)  # rank 0 only: rank 1 learns it from the per-batch all_reduce
-    timed_out = wait_all([job], TIMEOUT_S)
-    took = time.monotonic() - signalled
-    assert timed_out is None, timed_out
+    job = start_launcher(tmp_path, fashion_root)
+    # rank 0 only: rank 1 learns it from the per-batch all_reduce
+    took = signal_and_wait([job], lambda: os.kill(job.proc.pid, signal.SIGTERM))
     assert job.returncode == PREEMPTED, job.tail()
     assert took < STOP_BOUND_S, took
     lines = stop_lines(job.stderr)
@@ -85,6 +99,7 @@ def test_sigterm_to_the_launcher_stops_both_ranks_with_143_and_a_verified_last_c
     print(f"SIGTERM -> all ranks gone in {took:.1f} s, stopped at step {checkpoint['global_step']}")
 
     # The requeued job: the same command with --ckpt_path last trains on from that step to the end.
+    env = clean_env({"SAMPLE_RECORD_DIR": str(tmp_path / "record")})
     (resumed,) = start_all([("resumed", argv(fashion_root, "--ckpt_path", "last"), tmp_path, env)], tmp_path / "logs")
     assert wait_all([resumed], TIMEOUT_S) is None
     assert resumed.returncode == 0, resumed.tail()
@@ -117,12 +132,7 @@ def test_slurm_sigusr1_requeues_once_from_rank_0_and_stops_both_ranks_with_143(t
         commands.append((f"rank{rank}", argv(fashion_root, *SLOW), tmp_path, env))
     jobs = start_all(commands, tmp_path / "logs")
     wait_for_marker(record, jobs)
-    signalled = time.monotonic()
-    for job in jobs:
-        os.kill(job.proc.pid, signal.SIGUSR1)
-    timed_out = wait_all(jobs, TIMEOUT_S)
-    took = time.monotonic() - signalled
-    assert timed_out is None, timed_out
+    took = signal_and_wait(jobs, lambda: [os.kill(job.proc.pid, signal.SIGUSR1) for job in jobs])
     assert [job.returncode for job in jobs] == [PREEMPTED, PREEMPTED], "\n".join(job.tail() for job in jobs)
     assert took < STOP_BOUND_S, took
     assert calls.read_text().splitlines() == ["requeue 4242"]
@@ -137,16 +147,8 @@ def test_slurm_sigusr1_requeues_once_from_rank_0_and_stops_both_ranks_with_143(t
 
 def test_ctrl_c_to_the_process_group_stops_cleanly_with_130_and_a_checkpoint(tmp_path, fashion_root):
     """A terminal's Ctrl-C reaches every process of the foreground group: the launcher and its rank."""
-    record = tmp_path / "record"
-    record.mkdir()
-    env = clean_env({"SAMPLE_RECORD_DIR": str(record)})
-    (job,) = start_all([("launcher", argv(fashion_root, *SLOW), tmp_path, env)], tmp_path / "logs")
-    wait_for_marker(record, [job])
-    signalled = time.monotonic()
-    os.killpg(job.proc.pid, signal.SIGINT)
-    timed_out = wait_all([job], TIMEOUT_S)
-    took = time.monotonic() - signalled
-    assert timed_out is None, timed_out
+    job = start_launcher(tmp_path, fashion_root)
+    took = signal_and_wait([job], lambda: os.killpg(job.proc.pid, signal.SIGINT))
     assert job.returncode == INTERRUPTED, job.tail()
     assert took < STOP_BOUND_S, took
     lines = stop_lines(job.stderr)
