@@ -12,6 +12,7 @@ non-zero exit code (cli/errors.py), not a traceback.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,17 +24,22 @@ from typing import List, Optional, Sequence
 import torch
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from callbacks import StopAtTarget
 from callbacks.divergence import TrainingDiverged
+from callbacks.preemption import SIGNALS, Preempted, Preemption, install_handlers
+from callbacks.rng_state import RngState
+from checkpointing import CheckpointCorruptError, CheckpointWriteError, VerifiedCheckpointIO, newest_valid, verify
 from cli.checks import check_at_least_one, check_config_file, check_devices, check_writable, config_files
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, OutputNotWritableError, one_line
 from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_help
 from datamodules import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
+from strategies.lifetime import die_with_parent, set_collective_timeout
 from strategies.dp import require_cuda_for_dp
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
@@ -47,7 +53,9 @@ EXIT_CODES = {
     DataNotFoundError: ExitCode.DATA,
     CorruptDataError: ExitCode.DATA,
     CheckpointNotFoundError: ExitCode.CHECKPOINT,
+    CheckpointCorruptError: ExitCode.CHECKPOINT,
     OutputNotWritableError: ExitCode.CANT_CREATE,
+    CheckpointWriteError: ExitCode.CANT_CREATE,
 }
 USER_ERRORS = (ShorthandError, ArgumentError, ConfigError, *EXIT_CODES)
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
@@ -76,6 +84,13 @@ class FashionMNISTCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         # LightningCLI warns when both sys.argv and args are set; main() always passes the rewritten argv.
         self.config = parser.parse_args(args)
+        # LightningCLI reads the hyperparameters of --ckpt_path FILE right after this: a damaged file ends the run
+        # here with exit 66 and one line (torch.load would raise an UnpicklingError about weights_only, or load it).
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and "://" not in ckpt_path and Path(ckpt_path).is_file():
+            verify(ckpt_path)
+            self._explicit_checkpoint = Path(ckpt_path)
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand]
@@ -138,6 +153,13 @@ class FashionMNISTCLI(LightningCLI):
         except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
             # ImportError: e.g. --accelerator tpu without torch_xla installed.
             raise ConfigError(one_line(error)) from error
+        # Always on, whatever the config: atomic checksummed saves, verified loads (a CheckpointIO given as a
+        # plugin is kept), a verified last.ckpt on SIGTERM / SIGUSR1 / Ctrl-C, and the RNG state in checkpoints.
+        strategy = self.trainer.strategy
+        if type(strategy.checkpoint_io) is TorchCheckpointIO:
+            strategy.checkpoint_io = VerifiedCheckpointIO()
+        self.trainer.callbacks.append(Preemption())
+        self.trainer.callbacks.append(RngState())  # exact resume: dropout draws continue where they stopped
 
     def _check_before_launch(self) -> None:
         """Check the output folders and ``--ckpt_path``, and find (or download) and check the data, in the
@@ -149,6 +171,9 @@ class FashionMNISTCLI(LightningCLI):
         """
         self._check_outputs_writable()
         self._check_checkpoint_keyword()
+        explicit = getattr(self, "_explicit_checkpoint", None)
+        if explicit is not None:
+            self._resume_from(explicit)
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
 
@@ -182,6 +207,7 @@ class FashionMNISTCLI(LightningCLI):
                     f"(Lightning would only warn and start from scratch); drop --ckpt_path to start a new run, "
                     f"or give a .ckpt file"
                 )
+            self._resume_from(self._newest_valid_checkpoint(found, folders))
         elif ckpt_path == "best":
             files = sorted(str(p) for folder in folders for p in Path(folder).glob("*.ckpt")
                            if not p.name.startswith("last"))
@@ -190,6 +216,33 @@ class FashionMNISTCLI(LightningCLI):
                 f"--ckpt_path best means the best checkpoint of this process's own fit, which a new run does not "
                 f"have yet; give the file instead (--ckpt_path FILE){examples}"
             )
+
+    def _newest_valid_checkpoint(self, last_files, folders) -> Path:
+        """The newest ``last*.ckpt`` that verifies; if none does, the newest valid checkpoint of any name in the
+        checkpoint folders, with one warning line per damaged file skipped (exit 66 when none is valid)."""
+        chosen, rejected = newest_valid(last_files)
+        if chosen is None:
+            others = {p for folder in folders for p in Path(folder).glob("*.ckpt")} - {Path(p) for p in last_files}
+            chosen, more = newest_valid(others)
+            rejected += more
+        if chosen is None:
+            raise CheckpointCorruptError(", ".join(e.path for e in rejected),
+                                         "--ckpt_path last found no valid checkpoint: "
+                                         + "; ".join(e.reason for e in rejected))
+        if rejected and self.trainer.is_global_zero:
+            for error in rejected:
+                print(f"train.py: warning: {one_line(error)}; skipped", file=sys.stderr, flush=True)
+            print(f"train.py: warning: --ckpt_path last resumes from {chosen}, the newest valid checkpoint",
+                  file=sys.stderr, flush=True)
+        return chosen
+
+    def _resume_from(self, path: Path) -> None:
+        """Resume from ``path`` (a verified file); in fit, stop here with exit 0 when it already finished training."""
+        self.config_init[self.subcommand]["ckpt_path"] = str(path)
+        if self.subcommand == "fit":
+            done = finished_training(path, self.trainer.max_epochs, self.trainer.max_steps)
+            if done:
+                raise NothingToTrain(f"{path} {done}; nothing to train (raise --epochs to train on)")
 
     before_fit = before_validate = before_test = before_predict = _check_before_launch
 
@@ -201,10 +254,31 @@ class FashionMNISTCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
 
 
+class NothingToTrain(Exception):
+    """``fit`` from a checkpoint that already reached max_epochs / max_steps (a requeued job that had finished)."""
+
+
+def finished_training(path: Path, max_epochs: Optional[int], max_steps: int) -> Optional[str]:
+    """Why the checkpoint at ``path`` has nothing left to train under these limits, or None."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    loops = checkpoint.get("loops") or {}
+    epochs = (loops.get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed"))
+    steps = checkpoint.get("global_step", 0)
+    if max_steps is not None and max_steps > 0 and steps >= max_steps:
+        return f"has finished training: {steps} optimizer steps trained, --trainer.max_steps {max_steps}"
+    if max_epochs is not None and max_epochs > 0 and epochs is not None and epochs >= max_epochs:
+        return f"has finished training: {epochs} epoch(s) trained, --epochs {max_epochs}"
+    return None
+
+
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
     """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     register_strategies()  # dp and fsdp_cpu, before the parser validates --trainer.strategy
+    try:
+        set_collective_timeout()  # $FASHION_MNIST_COLLECTIVE_TIMEOUT, default 300 s, for every ddp/fsdp name
+    except ValueError as error:
+        raise ConfigError(str(error)) from error
     return FashionMNISTCLI(
         FashionMNISTClassifier,
         FashionMNISTDataModule,
@@ -217,11 +291,35 @@ def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
 def main(args: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python train.py`` and ``fashion-mnist-train``; returns the process exit code."""
     argv: List[str] = list(sys.argv[1:] if args is None else args)
+    die_with_parent()  # a rank started by a launcher dies with it (Linux)
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    install_handlers()  # SIGTERM / SIGUSR1 / Ctrl-C: stop every rank at the next step, with last.ckpt
+    try:
+        return _run(argv)
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _run(argv: List[str]) -> int:
+    cli = None
     try:
         expanded = expand_args(argv)
         for name in config_files(expanded):
             check_config_file(name)
-        build_cli(expanded)
+        cli = build_cli(expanded)
+    except NothingToTrain as done:
+        print(f"train.py: {done}", flush=True)
+        return ExitCode.OK
+    except Preempted as stop:
+        if stop.rank == 0:
+            print(f"train.py: {one_line(stop)}", file=sys.stderr, flush=True)
+        _wait_for(stop.children)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        print("train.py: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return ExitCode.INTERRUPTED
     except USER_ERRORS as error:
         code = EXIT_CODES.get(type(error), ExitCode.USAGE)
         hint = " (see python train.py --help)" if code == ExitCode.USAGE else ""
@@ -233,6 +331,8 @@ def main(args: Optional[Sequence[str]] = None) -> int:
             print(f"train.py: error: {one_line(error)}", file=sys.stderr, flush=True)
         _wait_for(error.children)
         return ExitCode.DIVERGED
+    launcher = getattr(getattr(cli, "trainer", None), "strategy", None)
+    _wait_for(list(getattr(getattr(launcher, "launcher", None), "procs", None) or []))  # ranks die with this one
     return ExitCode.OK
 
 

@@ -45,6 +45,8 @@ class EpochClock:
         self._paused_at = None
 
     def start_batch(self) -> None:
+        if self._last_mark is None:
+            self.start_epoch()  # resumed mid-epoch: Lightning does not call on_train_epoch_start again
         now = self.clock()
         self.timing.data_wait_s += now - self._last_mark
         self._batch_start = now

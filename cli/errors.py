@@ -9,9 +9,11 @@ class ExitCode(IntEnum):
     OK = 0
     USAGE = 2  # bad flag, value, key or config file
     DATA = 65  # data files missing, unreadable or damaged (EX_DATAERR)
-    CHECKPOINT = 66  # the checkpoint to load does not exist (EX_NOINPUT)
+    CHECKPOINT = 66  # the checkpoint to load does not exist or is damaged (EX_NOINPUT)
     DIVERGED = 70  # non-finite loss/gradient/weights, or accuracy at chance after warm-up (EX_SOFTWARE)
-    CANT_CREATE = 73  # an output folder (logs, checkpoints) cannot be created or written (EX_CANTCREAT)
+    CANT_CREATE = 73  # an output folder or a checkpoint cannot be created or written (EX_CANTCREAT)
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); during training after saving a verified last.ckpt
+    PREEMPTED = 143  # SIGTERM or SLURM's SIGUSR1 (128 + SIGTERM), after saving a verified last.ckpt
 
 
 class CheckpointNotFoundError(FileNotFoundError):

@@ -176,3 +176,47 @@ class NonFiniteGradient(Callback):
         if trainer.global_rank == self.rank and trainer.global_step + 1 == self.step:
             first = next(p for p in pl_module.parameters() if p.grad is not None)
             first.grad.view(-1)[0] = float("nan")
+
+
+class SlowSteps(Callback):
+    """Each training batch takes at least ``seconds``; from optimizer step ``mark_at`` on, rank 0 writes
+    ``$SAMPLE_RECORD_DIR/step`` (the step number), so a test knows training is under way before it signals."""
+
+    def __init__(self, seconds: float = 0.2, mark_at: int = 1) -> None:
+        self.seconds = seconds
+        self.mark_at = mark_at
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        time.sleep(self.seconds)
+        if trainer.is_global_zero and trainer.global_step >= self.mark_at:
+            marker = Path(os.environ["SAMPLE_RECORD_DIR"]) / "step"
+            marker.write_text(str(trainer.global_step))
+
+
+class BreakCheckpointFolder(Callback):
+    """When validation of epoch ``epoch`` (1-based) starts, before the checkpoint callbacks save at its end, the
+    checkpoint folder becomes a file: every save after that fails (as on a full or read-only disk, even as root)."""
+
+    def __init__(self, epoch: int = 2) -> None:
+        self.epoch = epoch
+
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking and trainer.current_epoch + 1 == self.epoch and trainer.is_global_zero:
+            import shutil
+
+            folder = Path(trainer.checkpoint_callback.dirpath)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            folder.write_text("not a folder")
+
+
+class HangRank(Callback):
+    """Global rank ``rank`` stops taking part at optimizer step ``step`` (sleeps), as a rank stuck in I/O would."""
+
+    def __init__(self, rank: int = 1, step: int = 6) -> None:
+        self.rank = rank
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step >= self.step:
+            time.sleep(3600)
