@@ -86,6 +86,9 @@ class FashionMNISTDataModule(LightningDataModule):
         eval_batch_size: Images per device per validation/test step (does not change results).
         num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather.
         download: Download the files when missing (needs network).
+        train_subset: Train on the first N of the 60,000 training images only (the file's order, the same
+            for every seed and world size; the first 10,000 hold 942 to 1,027 images of each class); ``None``:
+            all of them. For short experiments (experiments/takeaways.py); validation is unchanged.
     """
 
     def __init__(
@@ -95,6 +98,7 @@ class FashionMNISTDataModule(LightningDataModule):
         eval_batch_size: PositiveInt = 1000,
         num_workers: NonNegativeInt = 0,
         download: bool = True,
+        train_subset: Optional[PositiveInt] = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -103,6 +107,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
         self.download = download
+        self.train_subset = train_subset
         self.train_set: Optional[InMemoryImages] = None
         self.test_set: Optional[InMemoryImages] = None
 
@@ -166,7 +171,8 @@ class FashionMNISTDataModule(LightningDataModule):
         root = str(torchvision_root(self.data_dir))
         if stage == "fit" and self.train_set is None:
             train = FashionMNIST(root, train=True, download=False)
-            self.train_set = InMemoryImages(train.data, train.targets)
+            n = self.train_subset or len(train.targets)  # the first n images (all when the split is smaller)
+            self.train_set = InMemoryImages(train.data[:n], train.targets[:n])
         if self.test_set is None:
             test = FashionMNIST(root, train=False, download=False)
             self.test_set = InMemoryImages(test.data, test.targets)
