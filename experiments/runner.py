@@ -77,9 +77,11 @@ class Budget:
     target: float = 0.85  # val acc for the time-to-target columns
     timeout_s: float = 900.0  # per run
     threads: int = 1  # OMP_NUM_THREADS of every rank: one process stands for one device (one core)
+    seed: int = 42  # --seed of every run (configs/default.yaml's)
 
     def flags(self) -> List[str]:
-        flags = ["--network", self.network, "--epochs", str(self.epochs), "--test_after_fit", "false"]
+        flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(self.seed),
+                 "--test_after_fit", "false"]
         if self.train_subset:
             flags += ["--data.train_subset", str(self.train_subset)]
         if self.data_dir:
@@ -332,13 +334,15 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
     parser.add_argument("--timeout_s", type=float, default=Budget.timeout_s, help="per run")
     parser.add_argument("--max_ranks_per_node", type=int, default=None,
                         help="more processes than this run as torchrun 'nodes' on 127.0.0.1; default: CPU cores")
+    parser.add_argument("--seed", type=int, default=Budget.seed, help="train.py --seed of every run")
     parser.add_argument("--threads", type=int, default=Budget.threads,
                         help="OMP_NUM_THREADS of every process: 1 makes one process one device (one core)")
 
 
 def budget_from(args) -> Budget:
     return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
-                  data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads)
+                  data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,
+                  seed=args.seed)
 
 
 def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None):
@@ -365,7 +369,7 @@ def exit_status(results: Sequence[RunResult]) -> int:
 
 def data_text(budget: Budget) -> str:
     images = f"the first {budget.train_subset:,} training images" if budget.train_subset else "all 60,000 training images"
-    return f"network `{budget.network}`, {budget.epochs} epochs on {images}"
+    return f"network `{budget.network}`, seed {budget.seed}, {budget.epochs} epochs on {images}"
 
 
 def verdict_text(margin: float) -> str:

@@ -43,6 +43,7 @@ def test_ranks_beyond_the_cores_run_as_torchrun_nodes_on_localhost():
         assert argv[argv.index("--node_rank") + 1] == str(node) and argv[argv.index("--nnodes") + 1] == "2"
         assert argv[argv.index("--devices") + 1] == "2" and argv[argv.index("--num_nodes") + 1] == "2"
         assert argv[argv.index("--data.train_subset") + 1] == "100" and argv[-8:-6] == ["--lr", "0.1"]
+        assert argv[argv.index("--seed") + 1] == "42"
     assert node0[node0.index("--master_port") + 1] == node1[node1.index("--master_port") + 1]
 
 
