@@ -1,0 +1,398 @@
+"""Run train.py as a user would and read back what it recorded: the harness of experiments 2 and 3.
+
+Every run is a subprocess of the real ``train.py`` in a folder of its own (so its ``runs/``,
+TensorBoard logs and checkpoints land there and runs never collide). What is reported is
+read from the run's own records, never recomputed:
+
+* ``runs/fashion_mnist/version_0/time_to_accuracy.csv``: epoch, cumulative training seconds, val acc, val loss;
+* ``runs/fashion_mnist/version_0/hparams.yaml``: the derived numbers of the start block (effective
+  batch, scaled lr, warm-up steps, optimizer, world size);
+* rank 0's epoch lines on stdout (``Images/sec = ...``) and the exit code (70: DivergenceGuard).
+
+Ranks: ``devices`` processes per run. Up to ``max_ranks_per_node`` (default: this machine's
+cores, the most ``--devices`` accepts on CPU, cli/checks.py) they are one ``train.py --strategy
+ddp --devices N`` (Lightning starts the ranks). Beyond it, the run is split into k "nodes" on
+127.0.0.1, each one ``torchrun --nnodes k --node_rank i`` of ``train.py --devices N/k --num_nodes
+k``: the project's multi-node path, so no check is relaxed. On a 2-core machine 4 ranks are
+2 nodes × 2 processes, and time figures then measure contention, not scaling. Every process
+runs with ``OMP_NUM_THREADS=1`` (``--threads``): one process stands for one device, one core
+(Lightning gives ddp ranks cores // ranks threads anyway; a lone process would otherwise take
+2 threads, which on this loaded 2-core machine trained the mlp at 560-940 images/sec against
+6,000-6,800 with 1 thread).
+
+Verdicts (``verdict``), stated so a table can be read without this file:
+
+* diverged: exit code 70 (DivergenceGuard: non-finite loss, gradient or weights, or val acc at
+  chance an epoch after warm-up), or a non-finite val loss or val acc in the record;
+* degraded: best val acc more than ``margin`` (default 0.02) below the best run of the same table;
+* converged: otherwise (within ``margin`` of the best run at this budget: not "trained to the end");
+* failed (exit N): any other non-zero exit; the harness prints that run's stderr tail.
+"""
+
+import csv
+import math
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_PY = REPO / "train.py"
+RECIPES = REPO / "configs" / "recipes"
+DIVERGED_EXIT = 70  # cli/errors.py ExitCode.DIVERGED
+RUN_FOLDER = Path("runs") / "fashion_mnist" / "version_0"  # every run starts in an empty folder
+EPOCH_LINE = re.compile(r"^Epoch (\d+): Cumulative Time = ([\d.]+), Images/sec = ([\d.]+)", re.MULTILINE)
+# Variables of an outer launcher that would change how a child finds its rank and peers.
+LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
+
+
+@dataclass
+class RunSpec:
+    """One training run: a label, an optional recipe from configs/recipes, the process count and extra flags."""
+
+    name: str  # folder name and table label
+    recipe: Optional[str] = None  # e.g. "sgd" -> --config configs/recipes/sgd.yaml
+    devices: int = 1  # ranks in all (world size)
+    flags: List[str] = field(default_factory=list)  # train.py flags after the recipe (later wins)
+
+
+@dataclass
+class Budget:
+    """What every run of an experiment gets: the same network, epochs and training images."""
+
+    epochs: int = 4
+    train_subset: Optional[int] = None  # the first N training images; None: all 60,000
+    network: str = "cnn"
+    data_dir: Optional[str] = None  # None: $FASHION_MNIST_DIR, as train.py
+    target: float = 0.85  # val acc for the time-to-target columns
+    timeout_s: float = 900.0  # per run
+    threads: int = 1  # OMP_NUM_THREADS of every rank: one process stands for one device (one core)
+    seed: int = 42  # --seed of every run (configs/default.yaml's)
+
+    def flags(self) -> List[str]:
+        flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(self.seed),
+                 "--test_after_fit", "false"]
+        if self.train_subset:
+            flags += ["--data.train_subset", str(self.train_subset)]
+        if self.data_dir:
+            flags += ["--data_dir", str(Path(self.data_dir).resolve())]
+        return flags
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    returncode: int
+    wall_s: float  # the whole command, start-up and validation included
+    rows: List[dict]  # time_to_accuracy.csv: epoch, cumulative_s, val_acc, val_loss (floats, None when empty)
+    summary: dict  # hparams.yaml: effective_batch_size, scaled_lr, warmup_steps, optimizer...
+    images_per_sec: List[float]  # from rank 0's epoch lines
+    stderr_tail: str = ""
+
+    @property
+    def accuracies(self) -> List[float]:
+        return [r["val_acc"] for r in self.rows if r["val_acc"] is not None]
+
+    @property
+    def best_acc(self) -> Optional[float]:
+        finite = [a for a in self.accuracies if math.isfinite(a)]
+        return max(finite) if finite else None
+
+    @property
+    def final_acc(self) -> Optional[float]:
+        return self.accuracies[-1] if self.accuracies else None
+
+    @property
+    def non_finite(self) -> bool:
+        values = [r[k] for r in self.rows for k in ("val_acc", "val_loss") if r[k] is not None]
+        return any(not math.isfinite(v) for v in values)
+
+    def to_target(self, target: float) -> Optional[dict]:
+        """The first epoch row with val acc >= target, else None."""
+        return next((r for r in self.rows if r["val_acc"] is not None and r["val_acc"] >= target), None)
+
+    @property
+    def median_images_per_sec(self) -> Optional[float]:
+        return statistics.median(self.images_per_sec) if self.images_per_sec else None
+
+
+def verdict(result: RunResult, best_of_table: Optional[float], margin: float = 0.02) -> str:
+    """The rules of the module docstring."""
+    if result.returncode == DIVERGED_EXIT or result.non_finite:
+        return "diverged"
+    if result.returncode != 0:
+        return f"failed (exit {result.returncode})"
+    if result.best_acc is None or (best_of_table is not None and result.best_acc < best_of_table - margin):
+        return "degraded"
+    return "converged"
+
+
+def verdicts(results: Sequence[RunResult], margin: float = 0.02) -> List[str]:
+    """Each run's verdict against the best finished run of ``results``."""
+    finished = [r.best_acc for r in results if r.returncode == 0 and r.best_acc is not None]
+    best = max(finished) if finished else None
+    return [verdict(r, best, margin) for r in results]
+
+
+def nodes_for(devices: int, max_ranks_per_node: int) -> int:
+    """The fewest "nodes" k with devices/k whole and at most ``max_ranks_per_node``."""
+    for k in range(1, devices + 1):
+        if devices % k == 0 and devices // k <= max_ranks_per_node:
+            return k
+    return devices
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def commands(spec: RunSpec, budget: Budget, max_ranks_per_node: int) -> List[List[str]]:
+    """The command line(s) of one run: one train.py, or one torchrun per "node"."""
+    recipe = ["--config", str(RECIPES / f"{spec.recipe}.yaml")] if spec.recipe else []
+    k = nodes_for(spec.devices, max_ranks_per_node)
+    per_node = spec.devices // k
+    common = [*recipe, "--accelerator", "cpu", *budget.flags(), *spec.flags]
+    if k == 1:
+        strategy = ["--strategy", "ddp", "--devices", str(per_node)] if per_node > 1 else ["--devices", "1"]
+        return [[sys.executable, str(TRAIN_PY), *common, *strategy]]
+    port = str(free_port())
+    return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(k), "--nproc_per_node", str(per_node),
+             "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", port, str(TRAIN_PY), *common,
+             "--strategy", "ddp", "--devices", str(per_node), "--num_nodes", str(k)] for node in range(k)]
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM each started process's group (torchrun passes it to its workers), SIGKILL after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.2)
+
+
+def read_rows(path: Path) -> List[dict]:
+    if not path.is_file():
+        return []
+    with open(path, newline="") as f:
+        return [{"epoch": int(row["epoch"]), "cumulative_s": float(row["cumulative_s"]),
+                 "val_acc": float(row["val_acc"]) if row["val_acc"] else None,
+                 "val_loss": float(row["val_loss"]) if row["val_loss"] else None} for row in csv.DictReader(f)]
+
+
+def read_summary(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    with open(path) as f:
+        loaded = yaml.safe_load(f)  # plain values: numbers and strings
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def run(spec: RunSpec, budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None,
+        log=print) -> RunResult:
+    """Train ``spec`` in ``out_dir/runs/<name>`` (emptied first) and read back its records."""
+    folder = Path(out_dir) / "runs" / spec.name
+    if folder.exists():
+        import shutil
+
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(budget.threads))
+    argvs = commands(spec, budget, max_ranks_per_node or os.cpu_count() or 1)
+    (folder / "command.txt").write_text("\n".join(" ".join(argv) for argv in argvs) + "\n")
+    started = time.monotonic()
+    procs = []
+    for i, argv in enumerate(argvs):
+        with open(folder / f"stdout{i}.txt", "w") as out, open(folder / f"stderr{i}.txt", "w") as err:
+            procs.append(subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=err,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+    try:
+        deadline = started + budget.timeout_s
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        _stop(procs)
+    wall = time.monotonic() - started
+    codes = [p.returncode for p in procs]
+    # Node 0's code decides (DivergenceGuard's 70 comes from rank 0's process); a timeout counts as a failure.
+    code = codes[0] if all(c is not None and c >= 0 for c in codes) else -1
+    if code == 0 and any(codes):
+        code = next(c for c in codes if c)
+    stdout = (folder / "stdout0.txt").read_text(errors="replace")
+    stderr = "".join((folder / f"stderr{i}.txt").read_text(errors="replace") for i in range(len(argvs)))
+    result = RunResult(spec, code, wall, read_rows(folder / RUN_FOLDER / "time_to_accuracy.csv"),
+                       read_summary(folder / RUN_FOLDER / "hparams.yaml"),
+                       [float(m.group(3)) for m in EPOCH_LINE.finditer(stdout)], stderr[-3000:])
+    best = "n/a" if result.best_acc is None else f"{result.best_acc:.4f}"
+    log(f"  {spec.name}: exit {code}, best val acc {best}, {wall:.0f} s", flush=True)
+    if code not in (0, DIVERGED_EXIT):
+        log(f"--- {spec.name} stderr tail:\n{result.stderr_tail}", file=sys.stderr, flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- reporting
+
+
+def fmt(value: Optional[float], spec: str = ".4f", none: str = "n/a") -> str:
+    return none if value is None else format(value, spec)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def to_target_cell(result: RunResult, target: float) -> str:
+    hit = result.to_target(target)
+    return "not reached" if hit is None else f"{hit['epoch']} / {hit['cumulative_s']:.1f} s"
+
+
+def lr_cell(summary: dict) -> str:
+    """``0.01 → 0.04 (linear)``; the base alone when no rule changed it."""
+    if not summary:
+        return "n/a"
+    base, scaled, rule = summary.get("base_lr"), summary.get("scaled_lr"), summary.get("lr_scaling")
+    if rule == "none" or scaled == base:
+        return f"{base:g} ({rule})"
+    # hparams.yaml keeps the hyperparameter base_batch_size as given (null: the per-device batch)
+    base_batch = summary.get("base_batch_size") or summary.get("batch_size_per_device")
+    return f"{base:g} @ {base_batch} → {scaled:.4g} ({rule})"
+
+
+def warmup_cell(summary: dict) -> str:
+    steps = summary.get("warmup_steps")
+    if not steps:
+        return "none" if summary else "n/a"
+    per_epoch = summary.get("steps_per_epoch") or 1
+    return f"{steps / per_epoch:.3g} ep ({steps} steps)"
+
+
+def figure(ncols: int = 2, width: float = 12.0, height: float = 4.5):
+    """A matplotlib Figure without pyplot (no display, no global state: the Agg canvas)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
+
+
+def plot_curves(results: Sequence[RunResult], labels: Sequence[str], path: Path, title: str,
+                target: Optional[float] = None) -> None:
+    """Val acc against epoch (left) and against cumulative training seconds (right), one line per run."""
+    from matplotlib.ticker import MaxNLocator
+
+    fig, (by_epoch, by_time) = figure()
+    for result, label in zip(results, labels):
+        rows = [r for r in result.rows if r["val_acc"] is not None and math.isfinite(r["val_acc"])]
+        if not rows:
+            continue
+        line, = by_epoch.plot([r["epoch"] for r in rows], [r["val_acc"] for r in rows], marker="o", label=label)
+        by_time.plot([r["cumulative_s"] for r in rows], [r["val_acc"] for r in rows], marker="o",
+                     color=line.get_color(), label=label)
+    for axes, xlabel in ((by_epoch, "epoch"), (by_time, "cumulative training time (s)")):
+        if target is not None:
+            axes.axhline(target, linestyle="--", color="grey", linewidth=1)
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel("validation accuracy")
+        if xlabel == "epoch":
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axes.grid(alpha=0.3)
+    by_epoch.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=90)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+
+def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, target: float) -> None:
+    """The options every experiment command shares; ``budget_from`` reads them back."""
+    parser.add_argument("--out_dir", default=out_dir, help="runs, table and plots go here")
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--train_subset", type=int, default=train_subset, help="first N training images; 0: all 60,000")
+    parser.add_argument("--network", default="mlp", choices=["mlp", "cnn", "wrn", "resnet18"])
+    parser.add_argument("--target", type=float, default=target, help="val acc for the time-to-target column")
+    parser.add_argument("--margin", type=float, default=0.02, help="degraded: best val acc this far below the best run")
+    parser.add_argument("--data_dir", default=None, help="default: $FASHION_MNIST_DIR, as train.py")
+    parser.add_argument("--timeout_s", type=float, default=Budget.timeout_s, help="per run")
+    parser.add_argument("--max_ranks_per_node", type=int, default=None,
+                        help="more processes than this run as torchrun 'nodes' on 127.0.0.1; default: CPU cores")
+    parser.add_argument("--seed", type=int, default=Budget.seed, help="train.py --seed of every run")
+    parser.add_argument("--threads", type=int, default=Budget.threads,
+                        help="OMP_NUM_THREADS of every process: 1 makes one process one device (one core)")
+
+
+def budget_from(args) -> Budget:
+    return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
+                  data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,
+                  seed=args.seed)
+
+
+def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None):
+    """Each run in turn (never two at once); returns (results, wall seconds)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # SIGTERM (a job scheduler, kill) ends like Ctrl-C: run()'s finally then stops the run's processes.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    started = time.monotonic()
+    results = []
+    for spec in specs:
+        print(f"[{len(results) + 1}/{len(specs)}] {spec.name}: {spec.devices} process(es)", flush=True)
+        results.append(run(spec, budget, out_dir, max_ranks_per_node))
+    return results, time.monotonic() - started
+
+
+def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
+    return " ".join(["python -m", module, *(sys.argv[1:] if argv is None else argv)])
+
+
+def exit_status(results: Sequence[RunResult]) -> int:
+    """0 when every run finished or was stopped by DivergenceGuard (a result), else 1."""
+    return 0 if all(r.returncode in (0, DIVERGED_EXIT) for r in results) else 1
+
+
+def data_text(budget: Budget) -> str:
+    images = f"the first {budget.train_subset:,} training images" if budget.train_subset else "all 60,000 training images"
+    return f"network `{budget.network}`, seed {budget.seed}, {budget.epochs} epochs on {images}"
+
+
+def verdict_text(margin: float) -> str:
+    return (f"Verdicts: diverged = exit 70 (DivergenceGuard) or a non-finite val loss/acc; degraded = best val acc "
+            f"more than {margin:g} below the best run of the table; converged = within {margin:g} of it. Seconds are "
+            "training time (validation excluded), images/sec (all ranks) the median of the epoch lines.")
+
+
+def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def target_fields(result: RunResult, target: float) -> list:
+    """[epoch, training seconds] of the first epoch at or above ``target``; empty strings when never reached."""
+    hit = result.to_target(target)
+    return [hit["epoch"], round(hit["cumulative_s"], 2)] if hit else ["", ""]
+
+
+def report_text(command: str, budget_line: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                margin: float) -> str:
+    """What a command writes to its .md file and prints: the command, the budget, the table, the verdict rules."""
+    return "\n".join([f"Command: `{command}`", "", budget_line, "", markdown_table(columns, rows), "",
+                      verdict_text(margin), ""])
