@@ -112,6 +112,42 @@ def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, worke
     return timed_steps(step, warmup=3, seconds=seconds)
 
 
+def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, float]:
+    """Images/sec of the two input pipelines alone, one thread, no model: where loop (c) loses its time.
+
+    ``workshop``: torchvision dataset with ToTensor/Normalize per image, DataLoader default collate.
+    ``train.py``: the datamodule's path, one index gather from the in-memory uint8 split and a batched normalise.
+    """
+    from torchvision import transforms
+    from torchvision.datasets import FashionMNIST
+
+    from datamodules.fashion_mnist import InMemoryImages
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        root = str(torchvision_root(data_dir))
+        transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((PIXEL_MEAN,), (PIXEL_STD,))])
+        loader = torch.utils.data.DataLoader(FashionMNIST(root, train=True, transform=transform), batch_size=batch,
+                                             shuffle=True, drop_last=True)
+        batches = iter(loader)
+        workshop = timed_steps(lambda: len(next(batches)[1]), warmup=1, seconds=seconds)
+        raw = FashionMNIST(root, train=True)
+        split = InMemoryImages(raw.data, raw.targets)
+        order = torch.randperm(len(split) - batch)
+
+        def gather() -> int:
+            start = int(order[torch.randint(len(order), ())])
+            images, targets = split.__getitems__(list(range(start, start + batch)))
+            images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
+            return len(targets)
+
+        ours = timed_steps(gather, warmup=1, seconds=seconds)
+    finally:
+        torch.set_num_threads(threads)
+    return {"workshop": workshop, "train.py": ours}
+
+
 def run_train(args: List[str], threads=None, timeout: float = 900) -> str:
     """train.py in a scratch folder with the default config; returns its output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -147,9 +183,14 @@ def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), t
 
 
 def wall_seconds(command: List[str]) -> float:
+    """Wall-clock seconds of ``command`` in a scratch folder; NaN (with its error on stderr) if it fails,
+    so that a failure here does not throw away the measurements made before."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cwd:
-        subprocess.run(command, cwd=cwd, capture_output=True, check=True, timeout=300)
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        print(f"{' '.join(command[1:])} failed (exit {result.returncode}): {result.stderr[-500:]}", file=sys.stderr)
+        return float("nan")
     return time.perf_counter() - start
 
 
@@ -179,9 +220,12 @@ def main(argv=None) -> None:
     parser.add_argument("--network", default="cnn")
     parser.add_argument("--batch_size", type=int, default=128, help="per device, as everywhere")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=25, help="train.py steps per epoch (3 epochs, 2 timed)")
+    parser.add_argument("--steps", type=int, default=15, help="train.py steps per epoch (3 epochs, 2 timed)")
     parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per bare-loop measurement")
     parser.add_argument("--workshop_workers", type=int, default=0, help="DataLoader workers of loop (c)")
+    parser.add_argument("--skip_ddp", action="store_true", help="leave out (d), e.g. for a second network")
+    parser.add_argument("--data_only", action="store_true",
+                        help="only time the two input pipelines alone (no model) and exit")
     parser.add_argument("--options", action="store_true",
                         help="also measure train.py's speed options (channels_last, compile, augmentation) against (b)")
     parser.add_argument("--write", action="store_true", help="replace the generated section of docs/benchmarks.md")
@@ -193,6 +237,12 @@ def main(argv=None) -> None:
                          "set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
 
     net, batch = opts.network, opts.batch_size
+    if opts.data_only:
+        rates = data_paths(data_dir, batch)
+        for name, rate in rates.items():
+            print(f"{name} input pipeline alone, 1 thread: {rate:.0f} images/sec, "
+                  f"{1000 * batch / rate:.2f} ms per batch of {batch}")
+        return
     samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2")}
     options = OPTIONS if opts.options else {}
     samples.update({name: [] for name in options})
@@ -202,17 +252,22 @@ def main(argv=None) -> None:
         samples["a"].append(compute_bound(net, batch, opts.seconds))
         samples["b"].append(train_py_rate(net, batch, opts.steps, epochs=3))
         samples["c"].append(workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers))
-        samples["d1"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
-        samples["d2"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
-                                           extra=["--strategy", "ddp", "--devices", "2"]))
+        if not opts.skip_ddp:
+            samples["d1"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
+            samples["d2"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
+                                               extra=["--strategy", "ddp", "--devices", "2"]))
         for name, flags in options.items():
             rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
             samples[name].append(rate)
             first_steps[name].append(first_step)
-        print(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items()),
+        print(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items() if v),
               flush=True)
+    if opts.skip_ddp:
+        del samples["d1"], samples["d2"]
     m = median_of(samples)
-    ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"], "ddp speed-up": m["d2"] / m["d1"]}
+    ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"]}
+    if not opts.skip_ddp:
+        ratios["ddp speed-up"] = m["d2"] / m["d1"]
 
     by_batch = []
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -224,14 +279,14 @@ def main(argv=None) -> None:
     first_step_s = statistics.median(
         wall_seconds([sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
                       "--accelerator", "cpu", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
-                      "--test_after_fit", "false", "--trainer.logger", "false",
-                      "--trainer.enable_checkpointing", "false"])
+                      "--test_after_fit", "false"])
         for _ in range(3)
     )
 
     lines = [
-        f"Command: `FASHION_MNIST_DIR=../shared/data make bench` (`python -m benchmarks.speed --network {net} "
-        f"--batch_size {batch} --repeats {opts.repeats} --steps {opts.steps} --seconds {opts.seconds:g}`), "
+        f"Command: `FASHION_MNIST_DIR=../shared/data python -m benchmarks.speed "
+        f"{' '.join(sys.argv[1:] if argv is None else argv)}` (`make bench` runs it with `--write`; defaults: "
+        f"--network {net} --batch_size {batch} --repeats {opts.repeats} --steps {opts.steps} --seconds {opts.seconds:g}), "
         f"{datetime.date.today().isoformat()}, {time.perf_counter() - started:.0f} s.",
         "",
         f"Machine: {machine()}.",
@@ -245,8 +300,13 @@ def main(argv=None) -> None:
         f"| b | train.py, default config, steady state (epochs 2-3) | {m['b']:.0f} ({spread(samples['b'])}) |",
         f"| c | workshop loop: torchvision dataset, ToTensor/Normalize per image, DataLoader "
         f"({opts.workshop_workers} workers) | {m['c']:.0f} ({spread(samples['c'])}) |",
-        f"| d1 | train.py, 1 process x 1 thread | {m['d1']:.0f} ({spread(samples['d1'])}) |",
-        f"| d2 | train.py, ddp 2 processes x 1 thread (all ranks) | {m['d2']:.0f} ({spread(samples['d2'])}) |",
+    ]
+    if not opts.skip_ddp:
+        lines += [
+            f"| d1 | train.py, 1 process x 1 thread | {m['d1']:.0f} ({spread(samples['d1'])}) |",
+            f"| d2 | train.py, ddp 2 processes x 1 thread (all ranks) | {m['d2']:.0f} ({spread(samples['d2'])}) |",
+        ]
+    lines += [
         "",
         "| ratio | measured | target | |",
         "|---|---|---|---|",
@@ -267,7 +327,7 @@ def main(argv=None) -> None:
     if not torch.cuda.is_available():
         lines += ["", "GPU rows: no GPU on this machine (unverified)."]
     lines += ["", f"`python train.py --help`: {help_s:.1f} s; start-up to the end of the first optimizer step "
-                  f"(`--trainer.max_steps 1`, no logger, no checkpoint): {first_step_s:.1f} s (medians of 3)."]
+                  f"(`--trainer.max_steps 1 --trainer.limit_val_batches 0`, the default config's logger and checkpoints): {first_step_s:.1f} s (medians of 3)."]
     report = "\n".join(lines)
     print("\n" + report)
     if opts.write:
