@@ -124,7 +124,8 @@ def test_devices_0_2_become_device_ids_0_2_in_one_process():
 @pytest.mark.parametrize("n_gpus", [1, 2, 3])
 def test_loader_yields_batch_size_times_gpus(fashion_root, n_gpus):
     strategy = DataParallelStrategy(parallel_devices=fake_gpus(*range(n_gpus)))
-    data = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=16, eval_batch_size=20)
+    # keep_on_device false: the simulated GPUs' memory does not exist, so the splits stay in host memory.
+    data = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=16, eval_batch_size=20, keep_on_device=False)
     data.trainer = SimpleNamespace(strategy=strategy, world_size=strategy.world_size, global_rank=strategy.global_rank)
     data.setup("fit")
     train_loader, val_loader = data.train_dataloader(), data.val_dataloader()
