@@ -47,8 +47,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("extra", nargs="*", help="flags for every run (after --)")
-    opts = parser.parse_args(argv)
+    opts, extra = parser.parse_known_args(argv)
+    # Everything after the recipe that is not --runs goes to train.py: flags for every run (after --).
+    opts.extra = [flag for flag in extra if flag != "--"]
     rows = []
     for i in range(opts.runs):
         rows.append(one_run(opts.recipe, 42 + i, opts.extra))
