@@ -1,7 +1,8 @@
 """Plain ``nn.Module`` networks for 1×28×28 images; nothing here imports Lightning.
 
 ``cnn`` is the default: small enough to train a useful model on a laptop CPU in
-minutes; ``fast_cnn`` trades a little accuracy per epoch for twice its speed on CPU. ``mlp`` has neither batch-norm nor dropout, so its update for a batch does
+minutes; ``fast_cnn`` trades a little accuracy per epoch for twice its speed on CPU, and
+``gpu_cnn`` spends the arithmetic a GPU has to spare on width. ``mlp`` has neither batch-norm nor dropout, so its update for a batch does
 not depend on how the batch is split across devices: the network for checking that
 N ranks at batch B train exactly like one process at batch N×B. ``wrn`` is the NVIDIA DLI workshop's hand-written WideResNet (17 M
 parameters), so its figures can be compared with the course's. ``resnet18`` is
@@ -65,6 +66,27 @@ def fast_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
     )
 
 
+def gpu_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
+    """Three stages of two conv-BN-ReLU (64, 128, 256 channels) and global pooling: the GPU time-to-accuracy network.
+
+    Six times cnn's multiply-adds (116 M per image), which a GPU barely notices: at batch 512
+    a step of cnn is bound by launch and Python overhead, not arithmetic, so the width buys
+    accuracy per epoch almost for free (docs/benchmarks.md). On a CPU it is slow; use fast_cnn.
+    """
+
+    def stage(c_in: int, c_out: int) -> nn.Sequential:
+        return nn.Sequential(*_cbr(c_in, c_out), *_cbr(c_out, c_out), nn.MaxPool2d(2))
+
+    return nn.Sequential(
+        stage(1, 64),  # 28 -> 14
+        stage(64, 128),  # 14 -> 7
+        stage(128, 256),  # 7 -> 3
+        nn.AdaptiveMaxPool2d(1),
+        nn.Flatten(),
+        nn.Linear(256, num_classes),
+    )
+
+
 def mlp(num_classes: int = NUM_CLASSES) -> nn.Module:
     """784-256-10 perceptron: no batch-norm, no dropout (~0.2 M parameters, ~85 % in 1 epoch)."""
     return nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 256), nn.ReLU(inplace=True), nn.Linear(256, num_classes))
@@ -113,6 +135,7 @@ def resnet18(num_classes: int = NUM_CLASSES) -> nn.Module:
 NETWORKS: Dict[str, Callable[[int], nn.Module]] = {
     "cnn": small_cnn,
     "fast_cnn": fast_cnn,
+    "gpu_cnn": gpu_cnn,
     "mlp": mlp,
     "wrn": wide_resnet,
     "resnet18": resnet18,
@@ -120,7 +143,7 @@ NETWORKS: Dict[str, Callable[[int], nn.Module]] = {
 
 
 def build_network(name: str, num_classes: int = NUM_CLASSES) -> nn.Module:
-    """Build a network by its config name (``cnn``, ``mlp``, ``wrn``, ``resnet18``)."""
+    """Build a network by its config name (a key of ``NETWORKS``)."""
     try:
         factory = NETWORKS[name]
     except KeyError:

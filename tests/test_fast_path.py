@@ -184,3 +184,13 @@ def test_fast_cnn_does_an_eighth_of_the_cnn_work_per_image():
     assert fast.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
     assert multiply_adds(fast) == pytest.approx(2.3e6, rel=0.03)
     assert multiply_adds(fast) < multiply_adds(cnn) / 8
+
+
+def test_gpu_cnn_spends_six_times_the_cnn_work_on_width():
+    """fast_gpu.yaml's network: its docs quote 116 M multiply-adds per image, six times cnn's."""
+    from lightning_modules.networks import build_network
+
+    wide, cnn = build_network("gpu_cnn"), build_network("cnn")
+    assert wide.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+    assert multiply_adds(wide) == pytest.approx(116e6, rel=0.03)
+    assert 5.5 < multiply_adds(wide) / multiply_adds(cnn) < 6.5
