@@ -1,0 +1,173 @@
+"""GPU figures for docs/benchmarks.md: what the fast path gives on one CUDA GPU.
+
+    FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu table      # bare loop by batch size, fp32 and bf16
+    FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu options    # train.py's speed options, steady state
+    FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu smoke      # ddp (NCCL), dp and fsdp each train 20 steps
+
+Each prints a Markdown table (and the machine) to paste into docs/benchmarks.md. GPU timings
+are stable enough for 2 interleaved repeats; the CPU half of the story is ``make bench``.
+The recipes' time to accuracy is ``benchmarks/recipe_runs.py`` with a GPU recipe.
+"""
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.speed import EPOCH_LINE, FIRST_STEP_LINE, machine, sgd_for, timed_steps  # noqa: E402
+from lightning_modules.networks import build_network  # noqa: E402
+
+# train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory).
+VARIANTS = {
+    "fp32": [],
+    "fp32, splits in host memory (pinned DataLoader)": ["--data.keep_on_device", "false"],
+    "bf16-mixed": ["--trainer.precision", "bf16-mixed"],
+    "16-mixed": ["--trainer.precision", "16-mixed"],
+    "bf16-mixed + channels_last": ["--trainer.precision", "bf16-mixed", "--model.channels_last", "true"],
+    "bf16-mixed + channels_last + cudnn benchmark": ["--trainer.precision", "bf16-mixed", "--model.channels_last",
+                                                     "true", "--trainer.benchmark", "true"],
+    "bf16-mixed + compile": ["--trainer.precision", "bf16-mixed", "--model.compile", "true"],
+    # What the default callbacks (divergence guard, LR monitor, checkpoints, memory) cost per step.
+    "fp32, ThroughputReport the only callback": ["--trainer.callbacks", "[{class_path: callbacks.ThroughputReport}]"],
+}
+
+
+def bare_loop(network: str, batch: int, seconds: float, bf16: bool, channels_last: bool = False) -> float:
+    """Compute bound on the GPU: one fixed batch in GPU memory, forward/backward/SGD, synchronised each step."""
+    torch.manual_seed(0)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    net = build_network(network).cuda().train().to(memory_format=memory_format)
+    optimizer = sgd_for(net)
+    images = torch.randn(batch, 1, 28, 28, device="cuda").to(memory_format=memory_format)
+    targets = torch.randint(0, 10, (batch,), device="cuda")
+
+    def step() -> int:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(net(images), targets)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()
+        return batch
+
+    return timed_steps(step, warmup=5, seconds=seconds)
+
+
+def table(opts) -> List[str]:
+    lines = [f"Bare loop on one GPU by batch size (`{opts.network}`, SGD momentum, one fixed batch in GPU memory, "
+             f"synchronised every step; {opts.seconds:g} s per cell):", "",
+             "| batch | fp32 images/sec | bf16 autocast images/sec |", "|---|---|---|"]
+    for size in (2, 4, 16, 64, 128, 256, 512, 1024, 4096):
+        fp32 = bare_loop(opts.network, size, opts.seconds, bf16=False)
+        bf16 = bare_loop(opts.network, size, opts.seconds, bf16=True)
+        lines.append(f"| {size} | {fp32:.0f} | {bf16:.0f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def train_py(args: List[str], timeout: float = 600) -> str:
+    with tempfile.TemporaryDirectory() as cwd:
+        command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"), *args]
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    out = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"train.py {' '.join(args)} exited {result.returncode}:\n{out[-3000:]}")
+    return out
+
+
+def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
+    """Median images/sec of epochs 2..n of full epochs on the GPU, and the first step's seconds if printed."""
+    out = train_py(["--accelerator", "gpu", "--devices", "1", "--network", network, "--batch_size", str(batch),
+                    "--epochs", str(epochs), "--trainer.limit_val_batches", "1", "--trainer.num_sanity_val_steps", "0",
+                    "--test_after_fit", "false", *extra])
+    rates = {int(e): float(r) for e, r in EPOCH_LINE.findall(out)}
+    first = FIRST_STEP_LINE.search(out)
+    return statistics.median(rates[e] for e in range(2, epochs + 1)), float(first.group(1)) if first else None
+
+
+def options(opts) -> List[str]:
+    variants = {name: VARIANTS[name] for name in (["fp32"] + opts.only if opts.only else list(VARIANTS))}
+    samples: Dict[str, List[float]] = {name: [] for name in variants}
+    first_steps: Dict[str, float] = {}
+    for repeat in range(opts.repeats):
+        for name, flags in variants.items():
+            try:
+                rate, first = steady_rate(opts.network, opts.batch_size, opts.epochs, flags)
+            except RuntimeError as error:
+                print(f"{name}: {error}", flush=True)
+                continue
+            samples[name].append(rate)
+            if first is not None:
+                first_steps[name] = first
+            print(f"repeat {repeat + 1}: {name}: {rate:.0f} images/sec", flush=True)
+    bound = {dtype: bare_loop(opts.network, opts.batch_size, opts.seconds, bf16=(dtype == "bf16"))
+             for dtype in ("fp32", "bf16")}
+    base = statistics.median(samples["fp32"]) if samples["fp32"] else float("nan")
+    lines = [f"train.py on one GPU, `{opts.network}`, batch {opts.batch_size}, full epochs, steady state (epochs 2-"
+             f"{opts.epochs}), median of {opts.repeats} interleaved repeats; a = the bare loop at the same batch "
+             f"(fp32 {bound['fp32']:.0f}, bf16 {bound['bf16']:.0f} images/sec):", "",
+             "| variant | images/sec | vs fp32 | b/a |", "|---|---|---|---|"]
+    for name, values in samples.items():
+        if not values:
+            lines.append(f"| {name} | failed | | |")
+            continue
+        rate = statistics.median(values)
+        a = bound["bf16" if "16" in name else "fp32"]
+        note = f" (first step {first_steps[name]:.1f} s)" if name in first_steps else ""
+        lines.append(f"| {name}{note} | {rate:.0f} ({min(values):.0f}-{max(values):.0f}) | {rate / base:.2f} | "
+                     f"{rate / a:.2f} |")
+    return lines
+
+
+def smoke(opts) -> List[str]:
+    """ddp over NCCL, dp and fsdp on the one GPU: each trains 20 steps and validates; the backend is read back."""
+    lines = ["| strategy | exit | backend / note | seconds |", "|---|---|---|---|"]
+    for strategy in ("ddp", "dp", "fsdp"):
+        started = time.perf_counter()
+        try:
+            out = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
+                            "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
+                            "--test_after_fit", "false"], timeout=300)
+            backend = re.search(r"distributed_backend=(\w+)", out)
+            note = backend.group(1) if backend else "no process group"
+            code = 0
+        except RuntimeError as error:
+            note, code = str(error).splitlines()[-1][:120], 1
+        lines.append(f"| {strategy} | {code} | {note} | {time.perf_counter() - started:.0f} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["table", "options", "smoke"])
+    parser.add_argument("--network", default="cnn")
+    parser.add_argument("--batch_size", type=int, default=512)
+    parser.add_argument("--epochs", type=int, default=3, help="options: full epochs per run, the first not timed")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", action="append", choices=list(VARIANTS),
+                        help="options: measure these variants (and fp32, the reference) only; repeatable")
+    parser.add_argument("--seconds", type=float, default=1.5, help="timed seconds per bare-loop measurement")
+    opts = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.gpu needs a CUDA GPU; the CPU figures come from `make bench`")
+    started = time.perf_counter()
+    lines = {"table": table, "options": options, "smoke": smoke}[opts.what](opts)
+    print(f"\nCommand: `python -m benchmarks.gpu {' '.join(sys.argv[1:] if argv is None else argv)}`, "
+          f"{time.perf_counter() - started:.0f} s. Machine: {machine()}.\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
