@@ -314,7 +314,7 @@ class FashionMNISTDataModule(LightningDataModule):
         trainer = self.trainer
         if trainer is not None and trainer.training:
             check_position(trainer.train_dataloader, trainer.current_epoch,
-                           trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+                           trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
                 images = self.augment(images, trainer)
         images = images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)

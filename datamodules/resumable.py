@@ -2,12 +2,15 @@
 
 Lightning 2.6.6 saves its loop counters (batch k of epoch e) in every checkpoint, but restarts a plain
 DataLoader at the epoch's first batch: after a mid-epoch resume (a preemption checkpoint) batches 1..k
-were trained twice and the epoch's last k never. It does keep the state of a loader that has one (a
-``_Stateful``: ``state_dict`` / ``load_state_dict``): the fit loop stores ``loader.state_dict()`` in
-every checkpoint (``loops.fit_loop.combined_loader``), hands it back to ``load_state_dict`` on a resume
-before it creates the iterator (``FitLoop.setup_data``, only when restarting), and then counts the
-epoch's batches as continuing from k (``fetched += batch_progress.current.ready``), so the epoch ends
-after the remaining ones. :class:`ResumableLoader` is that loader:
+were trained twice and the epoch's last k never. A loader with a state (a ``_Stateful``: ``state_dict``
+/ ``load_state_dict``) is what Lightning expects instead: the fit loop stores ``loader.state_dict()`` in
+every checkpoint (``loops.fit_loop.state_dict.combined_loader``), gives it back to ``load_state_dict``
+when it creates the loader on a resume, and counts the epoch's batches as continuing from k
+(``fetched += batch_progress.current.ready``), so the epoch ends after the remaining ones. It never
+gives it back when the loader was created before the restore, as ``trainer.estimated_stepping_batches``
+does (our ``configure_optimizers`` asks for it while the strategy is set up): so the data module also
+saves the position as its own state, which Lightning restores earlier, and hands it to the loader it
+makes (datamodules/fashion_mnist.py). :class:`ResumableLoader` is that loader:
 
 - its position is (epoch, batches of that epoch handed out), counted as the batches leave it;
 - on a resume, :class:`ResumableDistributedSampler` leaves out the shard's first k × batch indices of
@@ -19,7 +22,9 @@ after the remaining ones. :class:`ResumableLoader` is that loader:
 :func:`check_position` (called for every training batch by the data module) compares the position
 with Lightning's batch counter and warns once when they disagree: a checkpoint without a loader
 position (written before this existed) or resumed with another batch size or world size cannot
-continue at the right sample, and that is never silent.
+continue at the right sample, and that is never silent. It also warns when a resume lands between
+two optimizer steps (``accumulate_grad_batches`` > 1): the data continues at the right sample, but
+the gradients accumulated before the stop were not in the checkpoint.
 """
 
 import itertools
@@ -82,6 +87,7 @@ class ResumableLoader(DataLoader):
         if not isinstance(self.sampler, ResumableDistributedSampler):
             raise TypeError("ResumableLoader needs a ResumableDistributedSampler")
         self.position: Tuple[int, int] = (self.sampler.epoch, 0)  # (epoch, batches of it handed out)
+        self.resumed_at: Optional[Tuple[int, int]] = None  # the position loaded, until the next batch is checked
         self.warned = False
 
     def __iter__(self) -> Iterator:
@@ -103,7 +109,7 @@ class ResumableLoader(DataLoader):
             )
         self.sampler.set_epoch(epoch)
         self.sampler.resume_at(epoch, batches * self.batch_size)
-        self.position = (epoch, batches)
+        self.position = self.resumed_at = (epoch, batches)
 
     def _warn(self, message: str) -> None:
         if not self.warned:
@@ -111,15 +117,31 @@ class ResumableLoader(DataLoader):
             rank_zero_warn(message, category=DataPositionWarning)
 
 
-def check_position(loader: object, epoch: int, batches_before: int) -> None:
+def check_position(loader: object, epoch: int, batches_before: int, accumulate: int = 1) -> None:
     """Warns (once) when the batch just handed out is not batch ``batches_before + 1`` of ``epoch`` (0-based epoch),
-    Lightning's count. Silent for loaders that are not a :class:`ResumableLoader`."""
-    if not isinstance(loader, ResumableLoader) or loader.position == (epoch, batches_before + 1):
+    Lightning's count, or when a resumed epoch continues between two optimizer steps (``accumulate`` > 1: the
+    gradients summed so far were not in the checkpoint). Silent for loaders that are not a :class:`ResumableLoader`."""
+    if not isinstance(loader, ResumableLoader):
         return
-    got_epoch, got = loader.position
-    loader._warn(
-        f"the training data is out of step with the resumed loop: Lightning is at batch {batches_before + 1} of "
-        f"epoch {epoch + 1}, the data loader handed out batch {got} of epoch {got_epoch + 1} (a mid-epoch checkpoint "
-        f"without the loader's position?): this epoch's batches are shifted; resume from an end-of-epoch checkpoint "
-        f"for an exact run"
-    )
+    resumed, loader.resumed_at = loader.resumed_at, None
+    if loader.position != (epoch, batches_before + 1):
+        got_epoch, got = loader.position
+        loader._warn(
+            f"the training data is out of step with the resumed loop: Lightning is at batch {batches_before + 1} of "
+            f"epoch {epoch + 1}, the data loader handed out batch {got} of epoch {got_epoch + 1} (a mid-epoch "
+            f"checkpoint without the loader's position?): this epoch's batches are shifted; resume from an "
+            f"end-of-epoch checkpoint for an exact run"
+        )
+    elif resumed is not None and resumed[0] == epoch and resumed[1] % accumulate:
+        done = resumed[1]
+        first = done - done % accumulate + 1
+        loader._warn(
+            f"resumed after batch {done} of epoch {epoch + 1}, between two optimizer steps (accumulate_grad_batches "
+            f"{accumulate}): the gradients of {_batches(first, done)} were not in the checkpoint, so the next "
+            f"optimizer step sums those of {_batches(done + 1, first + accumulate - 1)} only; the data continues "
+            f"at the right batch, the weights are no longer the uninterrupted run's"
+        )
+
+
+def _batches(first: int, last: int) -> str:
+    return f"batch {first}" if first == last else f"batches {first}-{last}"
