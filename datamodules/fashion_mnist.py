@@ -313,8 +313,9 @@ class FashionMNISTDataModule(LightningDataModule):
         images, targets = batch
         trainer = self.trainer
         if trainer is not None and trainer.training:
-            check_position(trainer.train_dataloader, trainer.current_epoch,
-                           trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
+            if self._train_loader is not None:  # the batch came from it: is it the one Lightning's counters expect?
+                check_position(self._train_loader, trainer.current_epoch,
+                               trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
                 images = self.augment(images, trainer)
         images = images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
