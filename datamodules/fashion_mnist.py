@@ -273,6 +273,12 @@ class FashionMNISTDataModule(LightningDataModule):
         self._train_loader = loader
         return loader
 
+    def _fitted_train_loader(self) -> Optional[ResumableLoader]:
+        """The training loader Lightning iterates (ours, or Lightning's copy of it), when it keeps a position."""
+        loader = getattr(self.trainer, "train_dataloader", None) if self.trainer is not None else None
+        loader = self._train_loader if loader is None else loader
+        return loader if isinstance(loader, ResumableLoader) and loader.resumable else None
+
     def state_dict(self) -> Dict[str, Any]:
         """The training loader's position (epoch, batches handed out), saved with every checkpoint.
 
@@ -282,12 +288,13 @@ class FashionMNISTDataModule(LightningDataModule):
         module's state is restored before that (after it under fsdp: then :meth:`load_state_dict` hands it
         to the loader already made).
         """
-        return {"train_position": self._train_loader.state_dict()} if self._train_loader is not None else {}
+        loader = self._fitted_train_loader()
+        return {"train_position": loader.state_dict()} if loader is not None else {}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        position = state_dict.get("train_position")
-        if position is not None and self._train_loader is not None:
-            self._train_loader.load_state_dict(position)
+        position, loader = state_dict.get("train_position"), self._fitted_train_loader()
+        if position is not None and loader is not None:
+            loader.load_state_dict(position)
         else:
             self._resume_position = position
 
@@ -313,8 +320,9 @@ class FashionMNISTDataModule(LightningDataModule):
         images, targets = batch
         trainer = self.trainer
         if trainer is not None and trainer.training:
-            if self._train_loader is not None:  # the batch came from it: is it the one Lightning's counters expect?
-                check_position(self._train_loader, trainer.current_epoch,
+            loader = self._fitted_train_loader()
+            if loader is not None:  # the batch came from it: is it the one Lightning's counters expect?
+                check_position(loader, trainer.current_epoch,
                                trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
                 images = self.augment(images, trainer)

@@ -84,21 +84,27 @@ class ResumableLoader(DataLoader):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(self.sampler, ResumableDistributedSampler):
-            raise TypeError("ResumableLoader needs a ResumableDistributedSampler")
-        self.position: Tuple[int, int] = (self.sampler.epoch, 0)  # (epoch, batches of it handed out)
+        # Lightning re-creates the loader with a SequentialSampler for --trainer.overfit_batches: then it is a plain
+        # DataLoader (the same batches every epoch; no position).
+        self.resumable = isinstance(self.sampler, ResumableDistributedSampler)
+        self.position: Tuple[int, int] = (getattr(self.sampler, "epoch", 0), 0)  # (epoch, batches of it handed out)
         self.resumed_at: Optional[Tuple[int, int]] = None  # the position loaded, until the next batch is checked
         self.warned = False
 
     def __iter__(self) -> Iterator:
-        return _Counting(self, super().__iter__())
+        iterator = super().__iter__()
+        return _Counting(self, iterator) if self.resumable else iterator
 
     def state_dict(self) -> Dict[str, int]:
+        if not self.resumable:
+            return {}
         epoch, batches = self.position
         return {"epoch": epoch, "batches": batches, "batch_size": self.batch_size,
                 "world_size": self.sampler.num_replicas}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
+        if not self.resumable or not state:
+            return
         epoch, batches = int(state["epoch"]), int(state["batches"])
         if (state.get("batch_size"), state.get("world_size")) != (self.batch_size, self.sampler.num_replicas):
             self._warn(
@@ -121,7 +127,7 @@ def check_position(loader: object, epoch: int, batches_before: int, accumulate: 
     """Warns (once) when the batch just handed out is not batch ``batches_before + 1`` of ``epoch`` (0-based epoch),
     Lightning's count, or when a resumed epoch continues between two optimizer steps (``accumulate`` > 1: the
     gradients summed so far were not in the checkpoint). Silent for loaders that are not a :class:`ResumableLoader`."""
-    if not isinstance(loader, ResumableLoader):
+    if not isinstance(loader, ResumableLoader) or not loader.resumable:
         return
     resumed, loader.resumed_at = loader.resumed_at, None
     if loader.position != (epoch, batches_before + 1):

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils.data import SequentialSampler
 
 from callbacks.rng_state import capture, restore
 from datamodules.resumable import DataPositionWarning, ResumableDistributedSampler, ResumableLoader, check_position
@@ -126,6 +127,16 @@ def test_a_saved_position_of_another_epoch_is_dropped():
     resumed.load_state_dict({"epoch": 0, "batches": 7, "batch_size": 4, "world_size": 2})
     resumed.sampler.set_epoch(1)  # Lightning's set_epoch before the epoch's first batch
     assert batches(resumed) == batches(loader(epoch=1))
+
+
+def test_the_loader_lightning_makes_for_overfit_batches_is_a_plain_one():
+    """--trainer.overfit_batches: Lightning re-creates the training loader with a SequentialSampler (no position)."""
+    plain = ResumableLoader(list(range(10)), batch_size=4, sampler=SequentialSampler(range(10)))
+    plain.load_state_dict({"epoch": 0, "batches": 1, "batch_size": 4, "world_size": 1})
+    assert batches(plain) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and plain.state_dict() == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_position(plain, epoch=0, batches_before=5)
 
 
 def test_a_shifted_resume_is_never_silent():
