@@ -3,13 +3,15 @@
 Lightning 2.6 saves weights, optimizer, LR schedulers and loop counters, but not the state of
 torch's, numpy's or Python's random generators; on resume ``seed_everything`` starts them again
 from the seed. The data order does not suffer (the DistributedSampler's order is a function of
-seed and epoch), but every random draw after the resume does: with the ``cnn`` (dropout), 2 epochs
-+ 1 resumed epoch ended with weights up to 0.07 away from 3 uninterrupted epochs. With this
-callback they are bitwise equal on CPU (tests/test_exact_resume.py).
+seed and epoch; mid-epoch, datamodules/resumable.py continues at the right batch), but every random
+draw after the resume does: with the ``cnn`` (dropout), 2 epochs + 1 resumed epoch ended with weights
+up to 0.07 away from 3 uninterrupted epochs. With this callback they are bitwise equal on CPU, resumed
+at an epoch boundary or mid-epoch (tests/test_exact_resume.py).
 
 The state saved is global rank 0's (Lightning saves callback state from rank 0); every rank is seeded
-alike and draws alike, so it is every rank's under ddp. Stored as tensors, ints and tuples only, so
-the checkpoint still loads with ``weights_only=True`` (LightningCLI reads hyperparameters that way).
+alike and draws alike, so it is every rank's under ddp (2 ranks with dropout resume bitwise). Stored
+as tensors, ints and tuples only, so the checkpoint still loads with ``weights_only=True`` (LightningCLI
+reads hyperparameters that way).
 """
 
 import random

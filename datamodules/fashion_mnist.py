@@ -11,17 +11,18 @@ normalisation run batched.
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import FashionMNIST
 
 from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
 from datamodules.idx_check import check_raw_folder
+from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
 
 DATA_DIR_ENV = "FASHION_MNIST_DIR"
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
@@ -135,6 +136,8 @@ class FashionMNISTDataModule(LightningDataModule):
         self.keep_on_device = keep_on_device
         self.train_subset = train_subset
         self.train_set: Optional[InMemoryImages] = None
+        self._train_loader: Optional[ResumableLoader] = None
+        self._resume_position: Optional[Dict[str, int]] = None  # from a checkpoint, for the next train loader
         self.test_set: Optional[InMemoryImages] = None
 
     @property
@@ -218,8 +221,9 @@ class FashionMNISTDataModule(LightningDataModule):
             return trainer.strategy.root_device
         return torch.device("cpu")
 
-    def _loader(self, dataset: InMemoryImages, batch_size: int, shuffle: bool, sampler=None) -> DataLoader:
-        return DataLoader(
+    def _loader(self, dataset: InMemoryImages, batch_size: int, shuffle: bool, sampler=None,
+                loader_class=DataLoader) -> DataLoader:
+        return loader_class(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle if sampler is None else False,
@@ -250,16 +254,49 @@ class FashionMNISTDataModule(LightningDataModule):
         trains on exactly the images of step i of 1 rank at batch N×B, which is what makes
         ddp equivalent to a bigger single-process batch (tests/test_equivalence.py).
         The seed is Lightning's (``--seed_everything``); Lightning calls ``set_epoch``.
+        The loader's position (epoch, batch) goes into every checkpoint, so a run resumed from one saved
+        mid-epoch continues at the next batch (datamodules/resumable.py).
         """
         world_size, rank = self._world()
-        sampler = DistributedSampler(
+        sampler = ResumableDistributedSampler(
             self.train_set,
             num_replicas=world_size,
             rank=rank,
             shuffle=True,
             seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
         )
-        return self._loader(self.train_set, self._process_batch(self.batch_size), shuffle=False, sampler=sampler)
+        loader = self._loader(self.train_set, self._process_batch(self.batch_size), shuffle=False, sampler=sampler,
+                              loader_class=ResumableLoader)
+        if self._resume_position is not None:
+            loader.load_state_dict(self._resume_position)
+            self._resume_position = None
+        self._train_loader = loader
+        return loader
+
+    def _fitted_train_loader(self) -> Optional[ResumableLoader]:
+        """The training loader Lightning iterates (ours, or Lightning's copy of it), when it keeps a position."""
+        loader = getattr(self.trainer, "train_dataloader", None) if self.trainer is not None else None
+        loader = self._train_loader if loader is None else loader
+        return loader if isinstance(loader, ResumableLoader) and loader.resumable else None
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The training loader's position (epoch, batches handed out), saved with every checkpoint.
+
+        Lightning keeps it too, as the fit loop's loader state, but gives that back only if the loop
+        creates the loader after restoring: here ``configure_optimizers`` asks for
+        ``estimated_stepping_batches``, which creates it earlier, and then the loop never does. The data
+        module's state is restored before that (after it under fsdp: then :meth:`load_state_dict` hands it
+        to the loader already made).
+        """
+        loader = self._fitted_train_loader()
+        return {"train_position": loader.state_dict()} if loader is not None else {}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        position, loader = state_dict.get("train_position"), self._fitted_train_loader()
+        if position is not None and loader is not None:
+            loader.load_state_dict(position)
+        else:
+            self._resume_position = position
 
     def _eval_loader(self) -> DataLoader:
         """Each test image is evaluated exactly once, whatever the world size (no padded duplicates)."""
@@ -282,8 +319,13 @@ class FashionMNISTDataModule(LightningDataModule):
         """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there."""
         images, targets = batch
         trainer = self.trainer
-        if trainer is not None and trainer.training and (self.random_crop_padding or self.horizontal_flip):
-            images = self.augment(images, trainer)
+        if trainer is not None and trainer.training:
+            loader = self._fitted_train_loader()
+            if loader is not None:  # the batch came from it: is it the one Lightning's counters expect?
+                check_position(loader, trainer.current_epoch,
+                               trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
+            if self.random_crop_padding or self.horizontal_flip:
+                images = self.augment(images, trainer)
         images = images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
         return images, targets
 

@@ -1,7 +1,8 @@
 """Callbacks that tests add through the real CLI (``--trainer.callbacks+=tests.recorder.SampleRecorder``).
 
 ``SampleRecorder``: each rank writes which samples it trained and validated on, and the port of
-its process group's store, to ``$SAMPLE_RECORD_DIR/rank<global rank>.json``.
+its process group's store, to ``$SAMPLE_RECORD_DIR/rank<global rank>.json`` (also when the run stops
+with an exception, e.g. a preemption).
 ``WeightsRecorder``: full weights before and after training, and what each rank held.
 ``PrepareDataRecorder``: every call of the data module's ``prepare_data`` in a process goes to
 ``$SAMPLE_RECORD_DIR/prepare_data-rank<r>.jsonl``.
@@ -9,6 +10,7 @@ its process group's store, to ``$SAMPLE_RECORD_DIR/rank<global rank>.json``.
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -31,6 +33,12 @@ class SampleRecorder(Callback):
             self.val.setdefault(trainer.current_epoch, []).extend(sample_ids(batch[0]))
 
     def on_fit_end(self, trainer, pl_module):
+        self._write(trainer)
+
+    def on_exception(self, trainer, pl_module, exception):
+        self._write(trainer)
+
+    def _write(self, trainer):
         out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"rank{trainer.global_rank}.json"
         environment = getattr(trainer.strategy, "cluster_environment", None)  # None: a single-device run
         port = environment.main_port if environment is not None else None
@@ -220,3 +228,21 @@ class HangRank(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step >= self.step:
             time.sleep(3600)
+
+
+class SignalAt(Callback):
+    """Fault injection: global rank ``rank`` sends itself ``signal`` (a name, default SIGTERM) once optimizer step
+    ``step`` is done, as a scheduler's preemption would. Added with ``--trainer.callbacks+=``, it comes before
+    train.py's Preemption callback, which sees the signal in the same ``on_train_batch_end``: every rank stops at
+    exactly this step (a signal from outside the job lands at whatever step is running)."""
+
+    def __init__(self, step: int, rank: int = 0, signal: str = "SIGTERM") -> None:
+        self.step = step
+        self.rank = rank
+        self.signal = signal
+        self._sent = False
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step == self.step and not self._sent:
+            self._sent = True
+            os.kill(os.getpid(), getattr(signal, self.signal))

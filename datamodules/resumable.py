@@ -1,0 +1,153 @@
+"""A training loader that resumes mid-epoch at the batch after the last one trained, not at the epoch's first.
+
+Lightning 2.6.6 saves its loop counters (batch k of epoch e) in every checkpoint, but restarts a plain
+DataLoader at the epoch's first batch: after a mid-epoch resume (a preemption checkpoint) batches 1..k
+were trained twice and the epoch's last k never. A loader with a state (a ``_Stateful``: ``state_dict``
+/ ``load_state_dict``) is what Lightning expects instead: the fit loop stores ``loader.state_dict()`` in
+every checkpoint (``loops.fit_loop.state_dict.combined_loader``), gives it back to ``load_state_dict``
+when it creates the loader on a resume, and counts the epoch's batches as continuing from k
+(``fetched += batch_progress.current.ready``), so the epoch ends after the remaining ones. It never
+gives it back when the loader was created before the restore, as ``trainer.estimated_stepping_batches``
+does (our ``configure_optimizers`` asks for it while the strategy is set up): so the data module also
+saves the position as its own state, which Lightning restores earlier, and hands it to the loader it
+makes (datamodules/fashion_mnist.py). :class:`ResumableLoader` is that loader:
+
+- its position is (epoch, batches of that epoch handed out), counted as the batches leave it;
+- on a resume, :class:`ResumableDistributedSampler` leaves out the shard's first k × batch indices of
+  that epoch, once; the order is the DistributedSampler's (a function of seed and epoch), so the
+  remaining batches are exactly those the uninterrupted run trained on next;
+- ``load_state_dict`` also sets the sampler's epoch, so the order is right even when the iterator is
+  created before Lightning's ``set_epoch`` (with ``num_workers`` > 0 the indices are drawn then).
+
+:func:`check_position` (called for every training batch by the data module) compares the position
+with Lightning's batch counter and warns once when they disagree: a checkpoint without a loader
+position (written before this existed) or resumed with another batch size or world size cannot
+continue at the right sample, and that is never silent. It also warns when a resume lands between
+two optimizer steps (``accumulate_grad_batches`` > 1): the data continues at the right sample, but
+the gradients accumulated before the stop were not in the checkpoint.
+"""
+
+import itertools
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from lightning.pytorch.utilities import rank_zero_warn
+from torch.utils.data import DataLoader, DistributedSampler
+
+
+class DataPositionWarning(UserWarning):
+    """The training data does not continue where the resumed loop counters say it should."""
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """A DistributedSampler that can start one epoch part-way through this rank's shard (same order, same length).
+
+    ``resume_at(epoch, skip)``: the next iteration, if it is of ``epoch``, leaves out the first ``skip``
+    indices; any iteration clears the request. ``started``: (epoch, indices left out) of the latest iteration.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._resume: Optional[Tuple[int, int]] = None
+        self.started: Tuple[int, int] = (self.epoch, 0)
+
+    def resume_at(self, epoch: int, skip: int) -> None:
+        self._resume = (epoch, skip)
+
+    def __iter__(self) -> Iterator[int]:
+        # Checked here, not when the request is made: without workers the DataLoader draws the indices lazily, at
+        # its first batch, after Lightning's set_epoch; a request for an epoch that is not the one drawn is dropped.
+        resume, self._resume = self._resume, None
+        skip = resume[1] if resume is not None and resume[0] == self.epoch else 0
+        self.started = (self.epoch, skip)
+        return itertools.islice(super().__iter__(), skip, None)
+
+
+class _Counting(Iterator):
+    """The DataLoader's iterator, updating the loader's position as each batch leaves."""
+
+    def __init__(self, loader: "ResumableLoader", iterator: Iterator) -> None:
+        self.loader = loader
+        self.iterator = iterator
+        self.count = 0
+
+    def __next__(self) -> Any:
+        batch = next(self.iterator)  # the sampler's iteration starts at the first one: read `started` after it
+        self.count += 1
+        epoch, skipped = self.loader.sampler.started
+        self.loader.position = (epoch, skipped // self.loader.batch_size + self.count)
+        return batch
+
+
+class ResumableLoader(DataLoader):
+    """A DataLoader over a :class:`ResumableDistributedSampler` whose ``state_dict`` is its position; Lightning saves it
+    with every checkpoint and, when it resumes, gives it back to ``load_state_dict`` (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Lightning re-creates the loader with a SequentialSampler for --trainer.overfit_batches: then it is a plain
+        # DataLoader (the same batches every epoch; no position).
+        self.resumable = isinstance(self.sampler, ResumableDistributedSampler)
+        self.position: Tuple[int, int] = (getattr(self.sampler, "epoch", 0), 0)  # (epoch, batches of it handed out)
+        self.resumed_at: Optional[Tuple[int, int]] = None  # the position loaded, until the next batch is checked
+        self.warned = False
+
+    def __iter__(self) -> Iterator:
+        iterator = super().__iter__()
+        return _Counting(self, iterator) if self.resumable else iterator
+
+    def state_dict(self) -> Dict[str, int]:
+        if not self.resumable:
+            return {}
+        epoch, batches = self.position
+        return {"epoch": epoch, "batches": batches, "batch_size": self.batch_size,
+                "world_size": self.sampler.num_replicas}
+
+    def load_state_dict(self, state: Dict[str, int]) -> None:
+        if not self.resumable or not state:
+            return
+        epoch, batches = int(state["epoch"]), int(state["batches"])
+        if (state.get("batch_size"), state.get("world_size")) != (self.batch_size, self.sampler.num_replicas):
+            self._warn(
+                f"the checkpoint stopped after batch {batches} of epoch {epoch + 1} at batch size "
+                f"{state.get('batch_size')} per process and {state.get('world_size')} process(es); this run has "
+                f"{self.batch_size} and {self.sampler.num_replicas}: the rest of that epoch starts at batch "
+                f"{batches + 1} of the new order, so some of its images are trained twice or not at all"
+            )
+        self.sampler.set_epoch(epoch)
+        self.sampler.resume_at(epoch, batches * self.batch_size)
+        self.position = self.resumed_at = (epoch, batches)
+
+    def _warn(self, message: str) -> None:
+        if not self.warned:
+            self.warned = True
+            rank_zero_warn(message, category=DataPositionWarning)
+
+
+def check_position(loader: object, epoch: int, batches_before: int, accumulate: int = 1) -> None:
+    """Warns (once) when the batch just handed out is not batch ``batches_before + 1`` of ``epoch`` (0-based epoch),
+    Lightning's count, or when a resumed epoch continues between two optimizer steps (``accumulate`` > 1: the
+    gradients summed so far were not in the checkpoint). Silent for loaders that are not a :class:`ResumableLoader`."""
+    if not isinstance(loader, ResumableLoader) or not loader.resumable:
+        return
+    resumed, loader.resumed_at = loader.resumed_at, None
+    if loader.position != (epoch, batches_before + 1):
+        got_epoch, got = loader.position
+        loader._warn(
+            f"the training data is out of step with the resumed loop: Lightning is at batch {batches_before + 1} of "
+            f"epoch {epoch + 1}, the data loader handed out batch {got} of epoch {got_epoch + 1} (a mid-epoch "
+            f"checkpoint without the loader's position?): this epoch's batches are shifted; resume from an "
+            f"end-of-epoch checkpoint for an exact run"
+        )
+    elif resumed is not None and resumed[0] == epoch and resumed[1] % accumulate:
+        done = resumed[1]
+        first = done - done % accumulate + 1
+        loader._warn(
+            f"resumed after batch {done} of epoch {epoch + 1}, between two optimizer steps (accumulate_grad_batches "
+            f"{accumulate}): the gradients of {_batches(first, done)} were not in the checkpoint, so the next "
+            f"optimizer step sums those of {_batches(done + 1, first + accumulate - 1)} only; the data continues "
+            f"at the right batch, the weights are no longer the uninterrupted run's"
+        )
+
+
+def _batches(first: int, last: int) -> str:
+    return f"batch {first}" if first == last else f"batches {first}-{last}"
