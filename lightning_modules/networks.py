@@ -44,17 +44,18 @@ def small_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
 
 
 def fast_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
-    """One conv-BN-ReLU-pool per stage (16, 64) and a 128-unit head: the CPU time-to-accuracy network.
+    """One conv-pool-BN-ReLU per stage (16, 64) and a 128-unit head: the CPU time-to-accuracy network.
 
     Nearly the parameters of ``cnn`` (the head dominates) but an eighth of its multiply-adds
-    (2.3 M against 18.7 M per image) and one narrow batch-norm at 28×28 instead of two wide
-    ones: on a 2-core CPU about 3.5× cnn's images/sec, which buys more epochs in a fixed time.
-    A 32-channel first stage reached 93.1 % in the same 6 epochs (16: 92.9 %) but ran at half the
-    speed, so fewer epochs fit in the CPU recipe's budget (docs/benchmarks.md).
+    (2.3 M against 18.7 M per image). Pooling comes before batch-norm and ReLU, so those run
+    on a quarter of the pixels: on a 2-core CPU batch-norm and ReLU at 28×28, not the
+    1-channel convolution, were the cost (docs/benchmarks.md has the A/B). A 32-channel first stage gains 0.2 points in 6 epochs but runs at
+    half the speed, so fewer epochs fit in the CPU recipe's budget (docs/benchmarks.md).
     """
 
     def stage(c_in: int, c_out: int) -> nn.Sequential:
-        return nn.Sequential(*_cbr(c_in, c_out), nn.MaxPool2d(2))
+        conv, norm, relu = _cbr(c_in, c_out)
+        return nn.Sequential(conv, nn.MaxPool2d(2), norm, relu)
 
     return nn.Sequential(
         stage(1, 16),  # 28 -> 14
