@@ -220,3 +220,41 @@ class HangRank(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step >= self.step:
             time.sleep(3600)
+
+
+class CountCollectives(Callback):
+    """Counts the collectives Python code runs (torch.distributed's all_reduce, broadcast, barrier, all_gather...)
+    from one training batch's end to the next one's, within an epoch; each rank writes the counts to
+    ``$SAMPLE_RECORD_DIR/collectives<rank>.json`` after every batch. (ddp's gradient all-reduce runs in C++ and is
+    not counted: it is the training itself.)"""
+
+    NAMES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object", "broadcast_object_list",
+             "reduce", "gather", "scatter", "reduce_scatter")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.counts = []
+        self._epoch = None
+
+    def setup(self, trainer, pl_module, stage):
+        import torch.distributed as dist
+
+        for name in self.NAMES:
+            original = getattr(dist, name, None)
+            if original is None or getattr(original, "counted_by", None) is self:
+                continue
+
+            def counted(*args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(*args, **kwargs)
+
+            counted.counted_by = self
+            setattr(dist, name, counted)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._epoch == trainer.current_epoch:
+            self.counts.append(self.calls)
+        self._epoch, self.calls = trainer.current_epoch, 0
+        out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"collectives{trainer.global_rank}.json"
+        out.write_text(json.dumps(self.counts))
+
