@@ -15,6 +15,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from datamodules import FashionMNISTDataModule
+from datamodules.fashion_mnist import InMemoryImages
 from tests.idx_files import sample_ids
 
 
@@ -258,3 +259,36 @@ class CountCollectives(Callback):
         out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"collectives{trainer.global_rank}.json"
         out.write_text(json.dumps(self.counts))
 
+
+class _StallingImages(InMemoryImages):
+    """A training split whose DataLoader worker stops delivering at its ``after``-th batch (sleeps for an hour)."""
+
+    def __init__(self, split: InMemoryImages, after: int) -> None:
+        self.images, self.targets = split.images, split.targets
+        self.after = after
+        self.served = 0  # in the worker process
+
+    def __getitems__(self, indices):
+        import torch.utils.data
+
+        if torch.utils.data.get_worker_info() is not None:
+            self.served += 1
+            if self.served >= self.after:
+                (Path(os.environ["SAMPLE_RECORD_DIR"]) / "stalled").write_text(str(os.getpid()))
+                time.sleep(3600)
+        return super().__getitems__(indices)
+
+
+class StallDataWorker(Callback):
+    """Fault injection: on global rank ``rank``, the training DataLoader's worker stalls at its ``after``-th batch
+    (as a worker stuck on a hung file system would) and writes ``$SAMPLE_RECORD_DIR/stalled``. Needs
+    ``--data.num_workers`` > 0; the worker is persistent, so batches count across epochs."""
+
+    def __init__(self, rank: int = 1, after: int = 6) -> None:
+        self.rank = rank
+        self.after = after
+
+    def setup(self, trainer, pl_module, stage):
+        datamodule = trainer.datamodule  # its setup ran before the callbacks'
+        if stage == "fit" and trainer.global_rank == self.rank and not isinstance(datamodule.train_set, _StallingImages):
+            datamodule.train_set = _StallingImages(datamodule.train_set, self.after)
