@@ -44,6 +44,7 @@ class StepFlags:
     def register(self, callback: "CollectiveCallback") -> None:
         if not any(p is callback for p in self.participants):
             self.participants.append(callback)
+            self._agreed = None
 
     def clear(self) -> None:
         """A new decision point begins (a training batch or a validation starts)."""
@@ -51,20 +52,24 @@ class StepFlags:
 
     def agreed(self, callback: "CollectiveCallback", trainer: Trainer, pl_module: LightningModule, point: str,
                outputs: Any = None) -> List[float]:
-        """``callback``'s flags, MAX over all ranks; the first participant to ask at this point runs the collective."""
-        self.register(callback)
-        if self._agreed is None:
-            device = pl_module.device
-            parts = [p.flags(trainer, pl_module, point, outputs).reshape(-1).float().to(device)
-                     for p in self.participants]
-            sizes = [part.numel() for part in parts]
+        """``callback``'s flags, MAX over all ranks; the first participant to ask at this point runs the collective.
+
+        A participant not registered in ``setup`` (a hook called directly) joins here, which redoes the
+        collective for this point, on every rank alike.
+        """
+        agreed = self._agreed
+        if agreed is None or id(callback) not in agreed:
+            self.register(callback)
+            parts = [p.flags(trainer, pl_module, point, outputs) for p in self.participants]
             values = all_max(torch.cat(parts)).tolist()  # the one host sync of this point
             self.reductions += 1
-            self._agreed, start = {}, 0
-            for participant, size in zip(self.participants, sizes):
-                self._agreed[id(participant)] = values[start:start + size]
+            agreed, start = {}, 0
+            for participant, part in zip(self.participants, parts):
+                size = part.numel()
+                agreed[id(participant)] = values[start:start + size]
                 start += size
-        return self._agreed[id(callback)]
+            self._agreed = agreed
+        return agreed[id(callback)]
 
 
 _per_trainer: "weakref.WeakKeyDictionary[Trainer, StepFlags]" = weakref.WeakKeyDictionary()
@@ -87,7 +92,8 @@ class CollectiveCallback(Callback):
 
     def flags(self, trainer: Trainer, pl_module: LightningModule, point: str, outputs: Any) -> torch.Tensor:
         """What this rank contributes at ``point`` (``TRAIN_BATCH``: ``outputs`` is the training step's output;
-        ``VALIDATION``): a 1-D tensor whose length depends only on ``point``; 0 means nothing to report."""
+        ``VALIDATION``): a 1-D float32 tensor on ``pl_module.device`` whose length depends only on ``point``;
+        0 means nothing to report."""
         raise NotImplementedError
 
     def agreed_flags(self, trainer: Trainer, pl_module: LightningModule, point: str, outputs: Any = None) -> List[float]:

@@ -98,7 +98,9 @@ def die_with_parent(environ=os.environ) -> bool:
     parent = os.getppid()
     if not _set_death_signal():
         return False
-    launcher = environ.get(LAUNCHER_PID_ENV, "")
+    # Lightning's launcher's ranks only (torchrun's and srun's have their agent as parent).
+    lightning_rank = not ({"TORCHELASTIC_RUN_ID", "SLURM_PROCID"} & set(environ))
+    launcher = environ.get(LAUNCHER_PID_ENV, "") if lightning_rank else ""
     if os.getppid() != parent or (launcher.isdigit() and int(launcher) != parent):
         os._exit(128 + signal.SIGKILL)
     return True

@@ -37,17 +37,6 @@ def assert_nothing_left(cwd: Path, since: float) -> None:
     assert running_in(cwd) == [], f"still running {GONE_S} s after the job ended: {running_in(cwd)}"
 
 
-def wait_for_line(job, text: str, timeout_s: float = TIMEOUT_S) -> float:
-    """When ``text`` appeared in the job's stderr (monotonic clock); fails if the job ends or the time is up first."""
-    deadline = time.monotonic() + timeout_s
-    while text not in job.stderr:
-        if time.monotonic() > deadline or job.exited():
-            wait_all([job], 1)
-            pytest.fail(f"never printed {text!r}:\n{job.tail()}")
-        time.sleep(0.05)
-    return time.monotonic()
-
-
 def test_the_timeout_comes_from_the_environment_with_a_5_minute_default():
     assert collective_timeout({}) == timedelta(seconds=DEFAULT_TIMEOUT_S) == timedelta(minutes=5)
     assert collective_timeout({TIMEOUT_ENV: "20"}) == timedelta(seconds=20)
@@ -72,11 +61,13 @@ def test_a_rank_whose_launcher_is_already_gone_exits_at_once():
     """A rank that Lightning's launcher started checks that its parent is still that train.py when it asks to die
     with it: a launcher that failed while the rank was still importing torch would otherwise leave it running until
     its rendezvous timed out (5 minutes by default). Forked children stand in for the rank."""
-    for launcher, expected in ((os.getpid(), 0), (1, 128 + signal.SIGKILL)):  # 1: not this child's parent
+    cases = ((os.getpid(), {}, 0), (1, {}, 128 + signal.SIGKILL),  # 1: not this child's parent
+             (1, {"TORCHELASTIC_RUN_ID": "x"}, 0))  # torchrun's ranks: their agent is the parent, whatever it says
+    for launcher, extra, expected in cases:
         pid = os.fork()
         if pid == 0:
             try:
-                die_with_parent({"LOCAL_RANK": "1", LAUNCHER_PID_ENV: str(launcher)})
+                die_with_parent({"LOCAL_RANK": "1", LAUNCHER_PID_ENV: str(launcher), **extra})
             finally:
                 os._exit(0)
         _, status = os.waitpid(pid, 0)
@@ -149,14 +140,15 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout_plus_30_s(tmp_p
 
 @pytest.mark.multiprocess
 def test_a_stalled_data_worker_ends_the_job_with_one_line_within_the_bound(tmp_path, fashion_root):
-    """--data.num_workers 1: rank 1's worker stops delivering in epoch 2. Rank 1 waits half the collective
+    """--data.num_workers 1: rank 1's worker stops delivering at its 3rd batch. Rank 1 waits half the collective
     timeout for its batch (torch would wait forever), says so in one line and exits 75; rank 0 ends with it,
     and no worker is left behind (a stuck worker ignores SIGTERM; the rank kills it at exit)."""
     record = tmp_path / "record"
     record.mkdir()
     env = clean_env({"SAMPLE_RECORD_DIR": str(record), TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
     (job,) = start_all([("launcher", argv(fashion_root, "--data.num_workers", "1",
-                                          "--trainer.callbacks+=tests.recorder.StallDataWorker"), tmp_path, env)],
+                                          "--trainer.callbacks+=tests.recorder.StallDataWorker",
+                                          "--trainer.callbacks.after=3"), tmp_path, env)],
                        tmp_path / "logs")
     deadline = time.monotonic() + TIMEOUT_S
     while not (record / "stalled").exists():
@@ -178,49 +170,55 @@ def test_a_stalled_data_worker_ends_the_job_with_one_line_within_the_bound(tmp_p
 
 
 @pytest.mark.multiprocess
-def test_a_busy_master_port_ends_the_job_with_one_line_and_nothing_left(tmp_path, fashion_root):
-    """MASTER_PORT is held by another process: rank 0 cannot host the rendezvous. One line naming the port, exit
-    75, and rank 1 (already started by Lightning's launcher, and connecting to the squatter) does not linger."""
+def test_ranks_that_cannot_meet_end_with_one_line_within_the_bound(tmp_path, fashion_root):
+    """Two start-up faults, run side by side (each mostly waits), each timed from its rendezvous start:
+
+    - busy: MASTER_PORT is held by another process, so rank 0 cannot host the rendezvous. One line naming the
+      port, exit 75, and rank 1 (already started by Lightning's launcher, connecting to the squatter) does not
+      linger.
+    - alone: rank 0 of a 2-rank job started by hand (as torchrun or a cluster script would); rank 1 never
+      starts. Rank 0 waits the 20 s timeout at the rendezvous, says how many joined and what to do, exits 75.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        env = clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
-        (job,) = start_all([("launcher", argv(fashion_root), tmp_path, env)], tmp_path / "logs")
-        started = wait_for_line(job, "Initializing distributed: GLOBAL_RANK: 0")
-        timed_out = wait_all([job], BOUND_S + 10)
-        took = time.monotonic() - started
-        assert timed_out is None, timed_out
-        assert job.returncode == TEMPFAIL and took < BOUND_S, (job.returncode, took, job.tail())
-        assert error_lines(job.stderr) == [
-            f"train.py: error: rank 0: MASTER_PORT {port} is already in use on this machine (another job, or a process "
-            f"left from one, listens on it): unset MASTER_PORT to let train.py pick a free port, or set a free one"
-        ], job.tail()
-        assert "Traceback" not in job.stderr
-        assert_nothing_left(tmp_path, time.monotonic())
-    print(f"busy MASTER_PORT -> job exit {job.returncode} in {took:.1f} s")
-
-
-@pytest.mark.multiprocess
-def test_a_peer_that_never_joins_ends_rank_0_within_the_timeout_plus_30_s(tmp_path, fashion_root):
-    """Rank 0 of a 2-rank job started by hand (as torchrun or a cluster script would), rank 1 never started: rank 0
-    waits the 20 s timeout at the rendezvous, then says how many joined and what to do, and exits 75."""
-    env = clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
-                     "NODE_RANK": "0", "LOCAL_RANK": "0", TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
-    (job,) = start_all([("rank0", argv(fashion_root), tmp_path, env)], tmp_path / "logs")
-    started = wait_for_line(job, "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/2")
-    timed_out = wait_all([job], BOUND_S + 10)
-    took = time.monotonic() - started
-    assert timed_out is None, timed_out
-    assert job.returncode == TEMPFAIL and TEST_TIMEOUT_S - 5 < took < BOUND_S, (job.returncode, took, job.tail())
-    lines = error_lines(job.stderr)
+        busy_env = clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
+        alone_env = clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+                               "NODE_RANK": "0", "LOCAL_RANK": "0", TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
+        for name in ("busy", "alone"):
+            (tmp_path / name).mkdir()
+        jobs = start_all([("busy", argv(fashion_root), tmp_path / "busy", busy_env),
+                          ("alone", argv(fashion_root), tmp_path / "alone", alone_env)], tmp_path / "logs")
+        began, ended = {}, {}
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(ended) < len(jobs) and time.monotonic() < deadline:
+            for job in jobs:
+                if job.name not in began and "Initializing distributed: GLOBAL_RANK: 0" in job.stderr:
+                    began[job.name] = time.monotonic()
+                if job.name not in ended and job.exited():
+                    ended[job.name] = time.monotonic()
+            time.sleep(0.05)
+        timed_out = wait_all(jobs, 1)
+    assert timed_out is None and set(began) == set(ended) == {"busy", "alone"}, timed_out or (began, ended)
+    took = {name: ended[name] - began[name] for name in began}
+    busy, alone = jobs
+    assert busy.returncode == TEMPFAIL and took["busy"] < BOUND_S, (took, busy.tail())
+    assert error_lines(busy.stderr) == [
+        f"train.py: error: rank 0: MASTER_PORT {port} is already in use on this machine (another job, or a process "
+        f"left from one, listens on it): unset MASTER_PORT to let train.py pick a free port, or set a free one"
+    ], busy.tail()
+    assert alone.returncode == TEMPFAIL and TEST_TIMEOUT_S - 5 < took["alone"] < BOUND_S, (took, alone.tail())
+    lines = error_lines(alone.stderr)
     assert len(lines) == 1 and re.fullmatch(
         rf"train\.py: error: rank 0 waited \d+ s for the other ranks to join, and only 1 of 2 did: start every rank "
         rf"\(same MASTER_ADDR, MASTER_PORT and WORLD_SIZE\) within \${TIMEOUT_ENV} \(now {TEST_TIMEOUT_S} s\) of "
-        rf"each other, and check that they can reach MASTER_ADDR:MASTER_PORT", lines[0]), job.tail()
-    assert "Traceback" not in job.stderr
-    assert_nothing_left(tmp_path, time.monotonic())
-    print(f"peer never joined -> rank 0 exit {job.returncode} {took:.1f} s after the rendezvous began")
+        rf"each other, and check that they can reach MASTER_ADDR:MASTER_PORT", lines[0]), alone.tail()
+    assert all("Traceback" not in job.stderr for job in jobs)
+    for name in ("busy", "alone"):
+        assert_nothing_left(tmp_path / name, time.monotonic())
+    print(f"busy MASTER_PORT -> exit 75 {took['busy']:.1f} s, peer never joined -> exit 75 {took['alone']:.1f} s "
+          f"after the rendezvous began")
 
 
 # torch 2.14's messages for these faults (gloo, TCPStore), as the ranks above saw them.
