@@ -27,9 +27,11 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from callbacks import StopAtTarget
 from callbacks.divergence import TrainingDiverged
+from callbacks.job_faults import JobFaults, describe_fault
 from callbacks.preemption import SIGNALS, Preempted, Preemption, install_handlers
 from callbacks.rng_state import RngState
 from checkpointing import CheckpointCorruptError, CheckpointWriteError, VerifiedCheckpointIO, newest_valid, verify
@@ -39,7 +41,7 @@ from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_he
 from datamodules import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
-from strategies.lifetime import die_with_parent, set_collective_timeout
+from strategies.lifetime import LAUNCHER_PID_ENV, die_with_parent, mark_launcher, set_collective_timeout
 from strategies.dp import require_cuda_for_dp
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
@@ -154,12 +156,16 @@ class FashionMNISTCLI(LightningCLI):
             # ImportError: e.g. --accelerator tpu without torch_xla installed.
             raise ConfigError(one_line(error)) from error
         # Always on, whatever the config: atomic checksummed saves, verified loads (a CheckpointIO given as a
-        # plugin is kept), a verified last.ckpt on SIGTERM / SIGUSR1 / Ctrl-C, and the RNG state in checkpoints.
+        # plugin is kept), a verified last.ckpt on SIGTERM / SIGUSR1 / Ctrl-C, the RNG state in checkpoints, and
+        # no collective save on exception when a rank is lost or stuck.
         strategy = self.trainer.strategy
         if type(strategy.checkpoint_io) is TorchCheckpointIO:
             strategy.checkpoint_io = VerifiedCheckpointIO()
         self.trainer.callbacks.append(Preemption())
         self.trainer.callbacks.append(RngState())  # exact resume: dropout draws continue where they stopped
+        # A lost or stuck rank, a stalled data worker: exit 75. First: its on_exception must run before the checkpoint
+        # callbacks' (Lightning put those last when it built the trainer).
+        self.trainer.callbacks.insert(0, JobFaults())
 
     def _check_before_launch(self) -> None:
         """Check the output folders and ``--ckpt_path``, and find (or download) and check the data, in the
@@ -292,6 +298,8 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``python train.py`` and ``fashion-mnist-train``; returns the process exit code."""
     argv: List[str] = list(sys.argv[1:] if args is None else args)
     die_with_parent()  # a rank started by a launcher dies with it (Linux)
+    launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
+    mark_launcher()  # the ranks Lightning's launcher starts from here check that this process still runs
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
     install_handlers()  # SIGTERM / SIGUSR1 / Ctrl-C: stop every rank at the next step, with last.ckpt
     try:
@@ -300,6 +308,10 @@ def main(args: Optional[Sequence[str]] = None) -> int:
         for signum, handler in previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
+        if launcher_pid is None:  # main() called in-process: leave the caller's environment as it was
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+        else:
+            os.environ[LAUNCHER_PID_ENV] = launcher_pid
 
 
 def _run(argv: List[str]) -> int:
@@ -331,6 +343,15 @@ def _run(argv: List[str]) -> int:
             print(f"train.py: error: {one_line(error)}", file=sys.stderr, flush=True)
         _wait_for(error.children)
         return ExitCode.DIVERGED
+    except RuntimeError as error:
+        # A rank lost or stuck, a peer that never joined, a busy MASTER_PORT, a stalled data worker: every rank that
+        # sees it says so in one line (callbacks/job_faults.py). Anything else keeps its traceback.
+        line = describe_fault(error, rank_zero_only.rank)
+        if line is None:
+            raise
+        print(f"train.py: error: {line}", file=sys.stderr, flush=True)
+        _wait_for(getattr(error, "children", []), timeout_s=2.0)  # lost or stuck: give them a moment, then end them
+        return ExitCode.TEMPFAIL
     launcher = getattr(getattr(cli, "trainer", None), "strategy", None)
     _wait_for(list(getattr(getattr(launcher, "launcher", None), "procs", None) or []))  # ranks die with this one
     return ExitCode.OK

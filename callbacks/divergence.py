@@ -4,9 +4,10 @@ Lightning 2.6 trains on with a NaN loss to the last epoch and exits 0 (``EarlySt
 ``check_finite`` only looks at a monitored metric, at epoch end, after ``last.ckpt`` was
 written). Here, after every training batch, each rank looks at its own loss, at the
 gradients it held just before the optimizer step (its shard of them under fsdp) and at
-its weights and batch-norm statistics after the step (its shard under fsdp); one
+its weights and batch-norm statistics after the step (its shard under fsdp); an
 ``all_reduce(MAX)`` of three flags makes the decision collective, so every rank raises :class:`TrainingDiverged`
-at the same step. A rank raising alone would leave the others waiting in their next
+at the same step. That all_reduce is shared with the preemption callback's (callbacks/step_flags.py):
+one collective and one host sync per batch for both, the loss check included. A rank raising alone would leave the others waiting in their next
 collective until the process group times out (30 min by default).
 
 After warm-up has finished and one more epoch has passed, a validation accuracy at
@@ -26,10 +27,11 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.strategies import FSDPStrategy
+
+from callbacks.step_flags import TRAIN_BATCH, VALIDATION, CollectiveCallback, all_max
 
 CHANCE_ACCURACY = 0.11  # 10 classes: 0.10, plus what a constant prediction gets on a slightly uneven split
 
@@ -132,7 +134,7 @@ def advice(base_lr: Optional[float], fsdp: bool) -> str:
     return f"try a warm-up (--warmup_epochs 1 or more), a lower --lr{lr}{optimizers}"
 
 
-class DivergenceGuard(Callback):
+class DivergenceGuard(CollectiveCallback):
     """Stops all ranks at the first optimizer step with a non-finite loss, gradient or weight, and when validation
     accuracy is at chance ``epochs_after_warmup`` epochs after warm-up ended.
 
@@ -161,51 +163,63 @@ class DivergenceGuard(Callback):
         self._gradients_checked = getattr(precision, "scaler", None) is None
 
     # ------------------------------------------------------------------ per optimizer step
-    # The common case (all finite) costs one sum per tensor, one all_reduce of 3 numbers and one sync per batch;
-    # which tensor went bad is only looked up once training has diverged.
+    # The common case (all finite) costs one sum per tensor and 3 numbers in the batch's one shared all_reduce
+    # (callbacks/step_flags.py); which tensor went bad is only looked up once training has diverged.
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         self._stepped = True
         if self._gradients_checked:
             self._gradient_sum = finite_sum([p.grad for p in self._params])
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+    def flags(self, trainer: Trainer, pl_module: LightningModule, point: str, outputs) -> torch.Tensor:
+        """After a batch: [loss, gradients, weights] not finite on this rank; after validation: [at chance]."""
         device = pl_module.device
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        loss = loss.detach().float().reshape(()).to(device) if torch.is_tensor(loss) else torch.zeros((), device=device)
-        gradients = self._gradient_sum if self._gradient_sum is not None else torch.zeros((), device=device)
-        weights = finite_sum(self._state)
-        flags = (~torch.isfinite(torch.stack([loss, gradients.to(device), weights.to(device)]))).float()
+        if point == TRAIN_BATCH:
+            loss = _loss(outputs, device)
+            gradients = self._gradient_sum if self._gradient_sum is not None else torch.zeros((), device=device)
+            weights = finite_sum(self._state)
+            return (~torch.isfinite(torch.stack([loss, gradients.to(device), weights.to(device)]))).float()
+        accuracy = self._judged_accuracy(trainer, pl_module)
+        return torch.tensor([float(accuracy is not None and is_at_chance(accuracy, self.chance_accuracy))],
+                            device=device)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        agreed = self.agreed_flags(trainer, pl_module, TRAIN_BATCH, outputs)  # with preemption's: one all_reduce
         stepped, self._stepped, self._gradient_sum = self._stepped, False, None
-        if _all_max(flags).sum().item() == 0:
+        if not any(agreed):
             return
         # Diverged on some rank, so on every rank (same all-reduced flags): find out what, together.
+        device = pl_module.device
+        loss = _loss(outputs, device)
         names = [name for name, _ in pl_module.named_parameters()] + [name for name, _ in _float_buffers(pl_module)]
         count = len(names)
         grads = [p.grad for p in self._params] if self._gradients_checked else []
         details = torch.stack([torch.isnan(loss).float(), torch.isinf(loss).float(),
                                _encode_index(first_non_finite(grads).to(device), count),
                                _encode_index(first_non_finite(self._state).to(device), count)])
-        health = StepHealth.from_vector(_all_max(details).tolist(), count)
+        health = StepHealth.from_vector(all_max(details).tolist(), count)
         step = trainer.global_step if stepped else trainer.global_step + 1
         self._stop(trainer, pl_module, f"training diverged at optimizer step {step} (epoch "
                                        f"{trainer.current_epoch + 1}): {health.describe(names) or 'a value overflows float32'}")
 
     # ------------------------------------------------------------------ per validation
 
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
-            return
+    def _judged_accuracy(self, trainer: Trainer, pl_module: LightningModule) -> Optional[float]:
+        """This validation's accuracy once warm-up plus ``epochs_after_warmup`` epochs have passed, else None."""
         accuracy = trainer.callback_metrics.get(self.monitor)
         if accuracy is None:
-            return
+            return None
         warmup = float(getattr(pl_module.hparams, "warmup_epochs", 0.0) or 0.0)
         epochs_done = trainer.current_epoch + _epoch_fraction(trainer)
         if not past_warmup(epochs_done, warmup, self.epochs_after_warmup):
+            return None
+        return float(accuracy)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        value = float(accuracy)
-        flag = torch.tensor([float(is_at_chance(value, self.chance_accuracy))], device=pl_module.device)
-        if _all_max(flag).item() > 0:
+        if any(self.agreed_flags(trainer, pl_module, VALIDATION)):
+            value = float(trainer.callback_metrics.get(self.monitor, float("nan")))
             self._stop(trainer, pl_module,
                        f"training diverged: validation accuracy ({self.monitor}) is {value:.3f} after epoch "
                        f"{trainer.current_epoch + 1} (optimizer step {trainer.global_step}), at chance "
@@ -236,11 +250,10 @@ def _float_buffers(module: torch.nn.Module) -> list:
     return [(name, buffer) for name, buffer in module.named_buffers() if buffer.is_floating_point()]
 
 
-def _all_max(tensor: torch.Tensor) -> torch.Tensor:
-    """Element-wise MAX over all ranks: one all_reduce (Lightning's ``strategy.reduce`` adds a barrier)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor
+def _loss(outputs, device: torch.device) -> torch.Tensor:
+    """The training step's loss as a float32 scalar on ``device`` (0 when the step returned none)."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    return loss.detach().float().reshape(()).to(device) if torch.is_tensor(loss) else torch.zeros((), device=device)
 
 
 def _epoch_fraction(trainer: Trainer) -> float:

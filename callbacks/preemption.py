@@ -8,8 +8,9 @@ inside the handler, and then trains on.
 
 Here the handlers (:func:`install_handlers`, called by train.py in every process) only note the
 signal. During training, after every batch and after every validation, the ranks all-reduce what
-they received (one ``all_reduce`` of 3 numbers), so a signal that reached any rank stops all of
-them at the same step. Then every rank takes part in saving ``last.ckpt`` (rank 0 writes it with
+they received (3 numbers in the one all_reduce shared with the divergence guard: callbacks/step_flags.py),
+so a signal that reached any rank stops all of them at the same step. Lightning's own per-batch
+broadcast of its SIGTERM flag is switched off with its handlers. Then every rank takes part in saving ``last.ckpt`` (rank 0 writes it with
 a sha256 sidecar, checkpointing/verified_io.py), rank 0 reads it back and checks the sha256, and
 every rank raises :class:`Preempted`: train.py prints one line on rank 0 and exits 143 (SIGTERM,
 SIGUSR1) or 130 (Ctrl-C). For SIGUSR1 with ``SLURM_JOB_ID`` set, rank 0 also runs
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks.divergence import _all_max, _release_children
+from callbacks.divergence import _release_children
+from callbacks.step_flags import TRAIN_BATCH, VALIDATION, CollectiveCallback
 from checkpointing import sidecar_path, verify
 from cli.errors import ExitCode
 
@@ -104,17 +106,24 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     return folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
 
 
-class Preemption(Callback):
+class Preemption(CollectiveCallback):
     """Stops every rank at the same step after a signal, with a verified ``last.ckpt`` (train.py adds it)."""
 
     def __init__(self) -> None:
         self._requeued = False
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         # Lightning's handlers run collectives (and SLURM's a save and a requeue) inside the signal handler.
         connector = getattr(trainer, "_signal_connector", None)
         if connector is not None and hasattr(connector, "register_signal_handlers"):
             connector.register_signal_handlers = lambda: None
+        # Without its handlers Lightning's ``received_sigterm`` stays False, but its training loop still broadcasts
+        # it from rank 0 before every batch (a collective and a host sync per batch, whose errors it swallows: a
+        # stuck rank then costs two collective timeouts instead of one). This callback's flags replace it.
+        epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        if epoch_loop is not None and hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+            epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         global _in_training
@@ -129,18 +138,21 @@ class Preemption(Callback):
         global _in_training
         _in_training = False
 
+    def flags(self, trainer: Trainer, pl_module: LightningModule, point: str, outputs) -> torch.Tensor:
+        """The signals this rank received so far: [SIGINT, SIGTERM, SIGUSR1], at every decision point."""
+        return torch.tensor([float(x) for x in _received], device=pl_module.device)
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        self._decide(trainer, pl_module)
+        self._decide(trainer, pl_module, self.agreed_flags(trainer, pl_module, TRAIN_BATCH, outputs))
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
-            self._decide(trainer, pl_module)
+            self._decide(trainer, pl_module, self.agreed_flags(trainer, pl_module, VALIDATION))
 
-    def _decide(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        flags = _all_max(torch.tensor([float(x) for x in _received], device=pl_module.device))
-        if flags.sum().item() == 0:
+    def _decide(self, trainer: Trainer, pl_module: LightningModule, flags) -> None:
+        if not any(flags):
             return
-        interrupted, terminated, usr1 = (bool(x) for x in flags.tolist())
+        interrupted, terminated, usr1 = (bool(x) for x in flags)
         name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
         exit_code = EXIT_TERMINATED if terminated or usr1 else EXIT_INTERRUPTED
         path = last_checkpoint_path(trainer)

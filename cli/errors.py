@@ -12,6 +12,7 @@ class ExitCode(IntEnum):
     CHECKPOINT = 66  # the checkpoint to load does not exist or is damaged (EX_NOINPUT)
     DIVERGED = 70  # non-finite loss/gradient/weights, or accuracy at chance after warm-up (EX_SOFTWARE)
     CANT_CREATE = 73  # an output folder or a checkpoint cannot be created or written (EX_CANTCREAT)
+    TEMPFAIL = 75  # a rank lost or stuck, a peer that never joined, a busy MASTER_PORT, a stalled data worker (EX_TEMPFAIL)
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); during training after saving a verified last.ckpt
     PREEMPTED = 143  # SIGTERM or SLURM's SIGUSR1 (128 + SIGTERM), after saving a verified last.ckpt
 

@@ -23,6 +23,7 @@ from torchvision.datasets import FashionMNIST
 from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
 from datamodules.idx_check import check_raw_folder
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
+from strategies.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
 
 DATA_DIR_ENV = "FASHION_MNIST_DIR"
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
@@ -99,7 +100,9 @@ class FashionMNISTDataModule(LightningDataModule):
         batch_size: Images per device per step. The effective batch is this × devices ×
             nodes × accumulate_grad_batches.
         eval_batch_size: Images per device per validation/test step (does not change results).
-        num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather.
+        num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather. With
+            workers, a rank waits at most half of ``$FASHION_MNIST_COLLECTIVE_TIMEOUT`` (default 300 s) for a
+            batch, then stops with one line saying a data worker stalled (exit 75).
         download: Download the files when missing (needs network).
         random_crop_padding: Training augmentation: shift each image by up to this many pixels
             (zero padding, as torchvision's ``RandomCrop(28, padding)``). 0: off.
@@ -223,6 +226,11 @@ class FashionMNISTDataModule(LightningDataModule):
 
     def _loader(self, dataset: InMemoryImages, batch_size: int, shuffle: bool, sampler=None,
                 loader_class=DataLoader) -> DataLoader:
+        workers = {}
+        if self.num_workers > 0:
+            # torch waits forever for a stalled worker; here half the collective timeout (strategies/lifetime.py).
+            workers = dict(timeout=data_worker_timeout(), worker_init_fn=init_data_worker)
+            kill_stuck_workers_at_exit()
         return loader_class(
             dataset,
             batch_size=batch_size,
@@ -233,6 +241,7 @@ class FashionMNISTDataModule(LightningDataModule):
             persistent_workers=self.num_workers > 0,
             # Pinned host memory makes the copy to the GPU asynchronous; a split already on the GPU needs no copy.
             pin_memory=torch.cuda.is_available() and dataset.device.type == "cpu",
+            **workers,
         )
 
     def _world(self) -> Tuple[int, int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from datamodules import FashionMNISTDataModule
+from datamodules.fashion_mnist import InMemoryImages
 from tests.idx_files import sample_ids
 
 
@@ -246,3 +247,74 @@ class SignalAt(Callback):
         if trainer.global_rank == self.rank and trainer.global_step == self.step and not self._sent:
             self._sent = True
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class CountCollectives(Callback):
+    """Counts the collectives Python code runs (torch.distributed's all_reduce, broadcast, barrier, all_gather...)
+    from one training batch's end to the next one's, within an epoch; each rank writes the counts to
+    ``$SAMPLE_RECORD_DIR/collectives<rank>.json`` after every batch. (ddp's gradient all-reduce runs in C++ and is
+    not counted: it is the training itself.)"""
+
+    NAMES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object", "broadcast_object_list",
+             "reduce", "gather", "scatter", "reduce_scatter")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.counts = []
+        self._epoch = None
+
+    def setup(self, trainer, pl_module, stage):
+        import torch.distributed as dist
+
+        for name in self.NAMES:
+            original = getattr(dist, name, None)
+            if original is None or getattr(original, "counted_by", None) is self:
+                continue
+
+            def counted(*args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(*args, **kwargs)
+
+            counted.counted_by = self
+            setattr(dist, name, counted)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self._epoch == trainer.current_epoch:
+            self.counts.append(self.calls)
+        self._epoch, self.calls = trainer.current_epoch, 0
+        out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"collectives{trainer.global_rank}.json"
+        out.write_text(json.dumps(self.counts))
+
+
+class _StallingImages(InMemoryImages):
+    """A training split whose DataLoader worker stops delivering at its ``after``-th batch (sleeps for an hour)."""
+
+    def __init__(self, split: InMemoryImages, after: int) -> None:
+        self.images, self.targets = split.images, split.targets
+        self.after = after
+        self.served = 0  # in the worker process
+
+    def __getitems__(self, indices):
+        import torch.utils.data
+
+        if torch.utils.data.get_worker_info() is not None:
+            self.served += 1
+            if self.served >= self.after:
+                (Path(os.environ["SAMPLE_RECORD_DIR"]) / "stalled").write_text(str(os.getpid()))
+                time.sleep(3600)
+        return super().__getitems__(indices)
+
+
+class StallDataWorker(Callback):
+    """Fault injection: on global rank ``rank``, the training DataLoader's worker stalls at its ``after``-th batch
+    (as a worker stuck on a hung file system would) and writes ``$SAMPLE_RECORD_DIR/stalled``. Needs
+    ``--data.num_workers`` > 0; the worker is persistent, so batches count across epochs."""
+
+    def __init__(self, rank: int = 1, after: int = 6) -> None:
+        self.rank = rank
+        self.after = after
+
+    def setup(self, trainer, pl_module, stage):
+        datamodule = trainer.datamodule  # its setup ran before the callbacks'
+        if stage == "fit" and trainer.global_rank == self.rank and not isinstance(datamodule.train_set, _StallingImages):
+            datamodule.train_set = _StallingImages(datamodule.train_set, self.after)

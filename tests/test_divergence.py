@@ -1,5 +1,6 @@
 """The divergence guard: every rank stops at the same step with exit 70, one line, and no checkpoint of the diverged weights."""
 
+import json
 import math
 import re
 import time
@@ -137,14 +138,19 @@ def test_a_nan_gradient_on_rank_1_only_stops_both_ranks_and_keeps_epoch_1s_check
 
     The nan is put into rank 1's gradients after ddp averaged them: rank 0 cannot see it. 256 images at
     2 × 32 are 4 steps per epoch; step 6 is in epoch 2, after epoch 1's best and last checkpoints.
+    Also counted: the healthy batches cost one collective each beyond ddp's own (the guard's and preemption's
+    flags share one all_reduce, and Lightning's per-batch SIGTERM broadcast is off).
     """
     port = free_port()
+    record = tmp_path / "record"
+    record.mkdir()
     argv = [str(TRAIN_PY), "--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp",
             "--data_dir", str(fashion_root), "--batch_size", "32", "--epochs", "3", "--test_after_fit", "false",
-            "--trainer.callbacks+=tests.recorder.NonFiniteGradient", "--trainer.callbacks.step=6"]
+            "--trainer.callbacks+=tests.recorder.NonFiniteGradient", "--trainer.callbacks.step=6",
+            "--trainer.callbacks+=tests.recorder.CountCollectives"]
     commands = [(f"rank{rank}", argv, tmp_path,
                  clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
-                            "NODE_RANK": "0", "LOCAL_RANK": str(rank)}))
+                            "NODE_RANK": "0", "LOCAL_RANK": str(rank), "SAMPLE_RECORD_DIR": str(record)}))
                 for rank in (0, 1)]
     jobs = start_all(commands, tmp_path / "logs")
     timed_out = wait_all(jobs, TIMEOUT_S)
@@ -158,3 +164,5 @@ def test_a_nan_gradient_on_rank_1_only_stops_both_ranks_and_keeps_epoch_1s_check
     saved = checkpoints(tmp_path)
     assert "last.ckpt" in saved and any(name.startswith("best-epoch00") for name in saved), sorted(saved)
     assert {c["epoch"] for c in saved.values()} == {0} and all(all_finite(c) for c in saved.values())
+    for rank in (0, 1):  # from batch 1 to 2, 2 to 3, 3 to 4 of epoch 1 (step 6's batch end raised before counting)
+        assert json.loads((record / f"collectives{rank}.json").read_text()) == [1] * 3, rank

@@ -17,7 +17,7 @@ import torch
 
 from checkpointing import verify
 from tests.conftest import TRAIN_PY
-from tests.processes import clean_env, free_port, running_in, start_all, wait_all
+from tests.processes import clean_env, free_port, process_tree, running_in, start_all, wait_all
 
 pytestmark = pytest.mark.multiprocess
 
@@ -157,3 +157,22 @@ def test_ctrl_c_to_the_process_group_stops_cleanly_with_130_and_a_checkpoint(tmp
     assert_verified_last(tmp_path, lines[0])
     assert running_in(tmp_path) == []
     print(f"Ctrl-C -> all ranks gone in {took:.1f} s")
+
+
+def test_sigterm_to_rank_1_only_stops_both_ranks_at_the_same_step_with_143(tmp_path, fashion_root):
+    """A scheduler (or a user) that signals one non-zero rank: rank 1 notes it, the next per-batch all_reduce tells
+    rank 0, and both stop at the same step after rank 0 saved and verified last.ckpt. (Lightning 2.6.6 ran a
+    broadcast inside rank 1's signal handler: the ranks desynchronised until the process-group timeout.)"""
+    job = start_launcher(tmp_path, fashion_root)
+    ranks = {pid for pid, _ in process_tree(job.proc.pid)} - {job.proc.pid}
+    assert len(ranks) == 1, ranks  # Lightning's launcher started rank 1 from rank 0
+    rank1 = ranks.pop()
+    took = signal_and_wait([job], lambda: os.kill(rank1, signal.SIGTERM))
+    assert job.returncode == PREEMPTED, job.tail()  # rank 1 exiting otherwise would have made rank 0 exit 137
+    assert took < STOP_BOUND_S, took  # no wait for the collective timeout (300 s here)
+    lines = stop_lines(job.stderr)
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "resume with --ckpt_path last" in lines[0], job.tail()
+    assert "Traceback" not in job.stderr
+    assert running_in(tmp_path) == []
+    checkpoint = assert_verified_last(tmp_path, lines[0])
+    print(f"SIGTERM to rank 1 -> all ranks gone in {took:.1f} s, stopped at step {checkpoint['global_step']}")
