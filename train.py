@@ -39,6 +39,7 @@ from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_he
 from datamodules import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
+from strategies import torchrun
 from strategies.lifetime import die_with_parent, set_collective_timeout
 from strategies.dp import require_cuda_for_dp
 
@@ -170,6 +171,9 @@ class FashionMNISTCLI(LightningCLI):
         rank 0 does it, as Lightning's own ``prepare_data`` would.
         """
         self._check_outputs_writable()
+        warning = torchrun.shared_store_warning() if self.subcommand == "fit" else None
+        if warning and self.trainer.is_global_zero:
+            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         self._check_checkpoint_keyword()
         explicit = getattr(self, "_explicit_checkpoint", None)
         if explicit is not None:
@@ -201,6 +205,15 @@ class FashionMNISTCLI(LightningCLI):
                 found |= callback._find_last_checkpoints(self.trainer)  # the files Lightning itself will consider
             found |= {cb.ckpt_path for cb in self.trainer.callbacks
                       if isinstance(cb, OnExceptionCheckpoint) and os.path.isfile(cb.ckpt_path)}
+            if not found and torchrun.max_restarts() > 0:
+                # torchrun --max-restarts re-runs this very command after a failure, so the same --ckpt_path last
+                # must also start the first attempt (and one that failed before any checkpoint was saved).
+                self.config_init[self.subcommand]["ckpt_path"] = None
+                if self.trainer.is_global_zero:
+                    print(f"train.py: --ckpt_path last: no last checkpoint in {where} yet: starting a new run "
+                          f"(torchrun attempt {torchrun.attempt()} of {torchrun.max_restarts() + 1})",
+                          file=sys.stderr, flush=True)
+                return
             if not found:
                 raise CheckpointNotFoundError(
                     f"--ckpt_path last: no last checkpoint (last*.ckpt) in {where}, so there is nothing to resume "
