@@ -32,6 +32,8 @@ from callbacks import StopAtTarget
 from callbacks.divergence import TrainingDiverged
 from callbacks.preemption import SIGNALS, Preempted, Preemption, install_handlers
 from callbacks.rng_state import RngState
+from callbacks.tensorboard_run import TensorBoardRun, start_run
+from callbacks.tensorboard_run import continue_run as continue_tensorboard_run
 from checkpointing import CheckpointCorruptError, CheckpointWriteError, VerifiedCheckpointIO, newest_valid, verify
 from cli.checks import check_at_least_one, check_config_file, check_devices, check_writable, config_files
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, OutputNotWritableError, one_line
@@ -161,6 +163,7 @@ class FashionMNISTCLI(LightningCLI):
             strategy.checkpoint_io = VerifiedCheckpointIO()
         self.trainer.callbacks.append(Preemption())
         self.trainer.callbacks.append(RngState())  # exact resume: dropout draws continue where they stopped
+        self.trainer.callbacks.append(TensorBoardRun())  # a resume logs into the checkpoint's run folder
 
     def _check_before_launch(self) -> None:
         """Check the output folders and ``--ckpt_path``, and find (or download) and check the data, in the
@@ -174,10 +177,13 @@ class FashionMNISTCLI(LightningCLI):
         warning = torchrun.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
+        self._continued_run = False
         self._check_checkpoint_keyword()
         explicit = getattr(self, "_explicit_checkpoint", None)
         if explicit is not None:
             self._resume_from(explicit)
+        if self.subcommand == "fit" and not self._continued_run:
+            start_run(self.trainer)  # a new TensorBoard run folder (callbacks/tensorboard_run.py)
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
 
@@ -220,7 +226,7 @@ class FashionMNISTCLI(LightningCLI):
                     f"(Lightning would only warn and start from scratch); drop --ckpt_path to start a new run, "
                     f"or give a .ckpt file"
                 )
-            self._resume_from(self._newest_valid_checkpoint(found, folders))
+            self._resume_from(self._newest_valid_checkpoint(found, folders), continue_run=True)
         elif ckpt_path == "best":
             files = sorted(str(p) for folder in folders for p in Path(folder).glob("*.ckpt")
                            if not p.name.startswith("last"))
@@ -249,13 +255,20 @@ class FashionMNISTCLI(LightningCLI):
                   file=sys.stderr, flush=True)
         return chosen
 
-    def _resume_from(self, path: Path) -> None:
-        """Resume from ``path`` (a verified file); in fit, stop here with exit 0 when it already finished training."""
+    def _resume_from(self, path: Path, continue_run: bool = False) -> None:
+        """Resume from ``path`` (a verified file); in fit, stop here with exit 0 when it already finished training.
+
+        ``continue_run`` (``--ckpt_path last``): TensorBoard logs into the checkpoint's own run folder from the
+        checkpoint's step on, hiding what was logged after it (callbacks/tensorboard_run.py).
+        """
         self.config_init[self.subcommand]["ckpt_path"] = str(path)
         if self.subcommand == "fit":
-            done = finished_training(path, self.trainer.max_epochs, self.trainer.max_steps)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+            done = finished_training(checkpoint, self.trainer.max_epochs, self.trainer.max_steps)
             if done:
                 raise NothingToTrain(f"{path} {done}; nothing to train (raise --epochs to train on)")
+            if continue_run:
+                self._continued_run = continue_tensorboard_run(self.trainer, checkpoint) is not None
 
     before_fit = before_validate = before_test = before_predict = _check_before_launch
 
@@ -271,9 +284,8 @@ class NothingToTrain(Exception):
     """``fit`` from a checkpoint that already reached max_epochs / max_steps (a requeued job that had finished)."""
 
 
-def finished_training(path: Path, max_epochs: Optional[int], max_steps: int) -> Optional[str]:
-    """Why the checkpoint at ``path`` has nothing left to train under these limits, or None."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+def finished_training(checkpoint: dict, max_epochs: Optional[int], max_steps: int) -> Optional[str]:
+    """Why ``checkpoint`` (as loaded) has nothing left to train under these limits, or None."""
     loops = checkpoint.get("loops") or {}
     epochs = (loops.get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed"))
     steps = checkpoint.get("global_step", 0)
