@@ -226,9 +226,10 @@ class KillAfterCheckpoint(Callback):
     """Fault injection for restarts: in each of the first ``attempts`` attempts, global rank ``rank`` SIGKILLs itself
     ``steps_after`` optimizer steps after the first epoch end this process saw (so after that epoch's checkpoint).
 
-    The attempt is torchrun's ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchrun); ``$SAMPLE_RECORD_DIR/killed-<attempt>``
-    is created first, so an attempt kills at most once even when the same command is started again by hand. Rank 0
-    records the step each attempt started training at in ``attempt-<attempt>.json``.
+    The attempt is torchrun's ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchrun); the marker file
+    ``$SAMPLE_RECORD_DIR/killed-<attempt>`` is created first, so an attempt kills at most once even when the same
+    command is started again by hand. Rank 0 records the step each attempt started training at in
+    ``attempt-<attempt>.json``.
     """
 
     def __init__(self, rank: int = 1, steps_after: int = 2, attempts: int = 1) -> None:

@@ -1,9 +1,9 @@
-"""Seeded, deterministic training runs started once per session and shared by tests/test_determinism.py and
+"""Seeded, deterministic training runs started once per session, for tests/test_determinism.py and
 tests/test_restarts.py: each is ``python train.py ... --seed 7 --deterministic true`` as a user types it.
 
 ``single``: the cnn (dropout draws random numbers every step), one process, 2 epochs. ``ddp``: the mlp, 2 gloo
 ranks × batch 32 = 4 optimizer steps per epoch, ``RESTARTS + 1`` epochs, the clean run the torchrun restart job
-is compared with. ``get(kind, copy)``: copy 0 and 1 are two runs of the same command.
+(the same command) is compared with. ``get(kind, copy)``: copies 0 and 1 are two runs of the same command.
 """
 
 import os

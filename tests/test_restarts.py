@@ -63,8 +63,13 @@ def test_each_restart_resumes_from_the_newest_checkpoint_and_ends_as_a_clean_run
     restarted_ckpt = last_checkpoint(record.parent)
     clean = seeded_runs.get("ddp").checkpoint
     assert restarted_ckpt["global_step"] == clean["global_step"] == EPOCHS * STEPS_PER_EPOCH
-    for key, value in clean["state_dict"].items():  # exact resume at the epoch boundary, 2 ranks
+    # Exact resume at the epoch boundary with 2 ranks, and determinism: the same seeded command twice, bitwise.
+    assert clean["state_dict"].keys() == restarted_ckpt["state_dict"].keys()
+    for key, value in clean["state_dict"].items():
         assert torch.equal(value, restarted_ckpt["state_dict"][key]), key
+    momentum = restarted_ckpt["optimizer_states"][0]["state"]
+    for index, state in clean["optimizer_states"][0]["state"].items():
+        assert torch.equal(state["momentum_buffer"], momentum[index]["momentum_buffer"]), index
 
 
 def plugin_scalars(folder):
