@@ -34,6 +34,8 @@ from callbacks.divergence import TrainingDiverged
 from callbacks.job_faults import JobFaults, describe_fault
 from callbacks.preemption import SIGNALS, Preempted, Preemption, install_handlers
 from callbacks.rng_state import RngState
+from callbacks.tensorboard_run import TensorBoardRun, start_run
+from callbacks.tensorboard_run import continue_run as continue_tensorboard_run
 from checkpointing import CheckpointCorruptError, CheckpointWriteError, VerifiedCheckpointIO, newest_valid, verify
 from cli.checks import check_at_least_one, check_config_file, check_devices, check_writable, config_files
 from cli.errors import CheckpointNotFoundError, ConfigError, ExitCode, OutputNotWritableError, one_line
@@ -41,6 +43,7 @@ from cli.shorthand import SUBCOMMANDS, ShorthandError, expand_args, shorthand_he
 from datamodules import CorruptDataError, DataNotFoundError, FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
 from strategies import LAYERWISE_OPTIMIZERS, is_fsdp, register_strategies
+from strategies import torchrun
 from strategies.lifetime import LAUNCHER_PID_ENV, die_with_parent, mark_launcher, set_collective_timeout
 from strategies.dp import require_cuda_for_dp
 
@@ -163,6 +166,7 @@ class FashionMNISTCLI(LightningCLI):
             strategy.checkpoint_io = VerifiedCheckpointIO()
         self.trainer.callbacks.append(Preemption())
         self.trainer.callbacks.append(RngState())  # exact resume: dropout draws continue where they stopped
+        self.trainer.callbacks.append(TensorBoardRun())  # a resume logs into the checkpoint's run folder
         # A lost or stuck rank, a stalled data worker: exit 75. First: its on_exception must run before the checkpoint
         # callbacks' (Lightning put those last when it built the trainer).
         self.trainer.callbacks.insert(0, JobFaults())
@@ -176,10 +180,16 @@ class FashionMNISTCLI(LightningCLI):
         rank 0 does it, as Lightning's own ``prepare_data`` would.
         """
         self._check_outputs_writable()
+        warning = torchrun.shared_store_warning() if self.subcommand == "fit" else None
+        if warning and self.trainer.is_global_zero:
+            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
+        self._continued_run = False
         self._check_checkpoint_keyword()
         explicit = getattr(self, "_explicit_checkpoint", None)
         if explicit is not None:
             self._resume_from(explicit)
+        if self.subcommand == "fit" and not self._continued_run:
+            start_run(self.trainer)  # a new TensorBoard run folder (callbacks/tensorboard_run.py)
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
 
@@ -207,13 +217,22 @@ class FashionMNISTCLI(LightningCLI):
                 found |= callback._find_last_checkpoints(self.trainer)  # the files Lightning itself will consider
             found |= {cb.ckpt_path for cb in self.trainer.callbacks
                       if isinstance(cb, OnExceptionCheckpoint) and os.path.isfile(cb.ckpt_path)}
+            if not found and torchrun.max_restarts() > 0:
+                # torchrun --max-restarts re-runs this very command after a failure, so the same --ckpt_path last
+                # must also start the first attempt (and one that failed before any checkpoint was saved).
+                self.config_init[self.subcommand]["ckpt_path"] = None
+                if self.trainer.is_global_zero:
+                    print(f"train.py: --ckpt_path last: no last checkpoint in {where} yet: starting a new run "
+                          f"(torchrun attempt {torchrun.attempt()} of {torchrun.max_restarts() + 1})",
+                          file=sys.stderr, flush=True)
+                return
             if not found:
                 raise CheckpointNotFoundError(
                     f"--ckpt_path last: no last checkpoint (last*.ckpt) in {where}, so there is nothing to resume "
                     f"(Lightning would only warn and start from scratch); drop --ckpt_path to start a new run, "
                     f"or give a .ckpt file"
                 )
-            self._resume_from(self._newest_valid_checkpoint(found, folders))
+            self._resume_from(self._newest_valid_checkpoint(found, folders), continue_run=True)
         elif ckpt_path == "best":
             files = sorted(str(p) for folder in folders for p in Path(folder).glob("*.ckpt")
                            if not p.name.startswith("last"))
@@ -242,13 +261,20 @@ class FashionMNISTCLI(LightningCLI):
                   file=sys.stderr, flush=True)
         return chosen
 
-    def _resume_from(self, path: Path) -> None:
-        """Resume from ``path`` (a verified file); in fit, stop here with exit 0 when it already finished training."""
+    def _resume_from(self, path: Path, continue_run: bool = False) -> None:
+        """Resume from ``path`` (a verified file); in fit, stop here with exit 0 when it already finished training.
+
+        ``continue_run`` (``--ckpt_path last``): TensorBoard logs into the checkpoint's own run folder from the
+        checkpoint's step on, hiding what was logged after it (callbacks/tensorboard_run.py).
+        """
         self.config_init[self.subcommand]["ckpt_path"] = str(path)
         if self.subcommand == "fit":
-            done = finished_training(path, self.trainer.max_epochs, self.trainer.max_steps)
+            checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+            done = finished_training(checkpoint, self.trainer.max_epochs, self.trainer.max_steps)
             if done:
                 raise NothingToTrain(f"{path} {done}; nothing to train (raise --epochs to train on)")
+            if continue_run:
+                self._continued_run = continue_tensorboard_run(self.trainer, checkpoint) is not None
 
     before_fit = before_validate = before_test = before_predict = _check_before_launch
 
@@ -264,9 +290,8 @@ class NothingToTrain(Exception):
     """``fit`` from a checkpoint that already reached max_epochs / max_steps (a requeued job that had finished)."""
 
 
-def finished_training(path: Path, max_epochs: Optional[int], max_steps: int) -> Optional[str]:
-    """Why the checkpoint at ``path`` has nothing left to train under these limits, or None."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+def finished_training(checkpoint: dict, max_epochs: Optional[int], max_steps: int) -> Optional[str]:
+    """Why ``checkpoint`` (as loaded) has nothing left to train under these limits, or None."""
     loops = checkpoint.get("loops") or {}
     epochs = (loops.get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed"))
     steps = checkpoint.get("global_step", 0)

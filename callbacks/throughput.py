@@ -122,10 +122,14 @@ def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
 
     Not ``self.log``: that would make Lightning reduce them again, and reading
     ``trainer.callback_metrics`` on rank 0 alone would then wait for the other ranks.
+
+    At the step of the optimizer step just taken, as Lightning numbers it (``train/loss`` of that batch and the
+    epoch's ``val/*`` share it), not ``global_step``: that is the step the next epoch starts at, so an epoch's
+    figures stay below the step a resume from its checkpoint purges from (callbacks/tensorboard_run.py).
     """
     if trainer.is_global_zero:
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+            logger.log_metrics(metrics, step=max(trainer.global_step - 1, 0))
 
 
 class ThroughputReport(Callback):

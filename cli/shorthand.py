@@ -27,6 +27,7 @@ SHORTHAND_TABLE = {
     "--optimizer": ("--model.optimizer", "sgd"),
     "--network": ("--model.network", "cnn"),
     "--seed": ("--seed_everything", "42"),
+    "--deterministic": ("--trainer.deterministic", "true"),
     "--target_accuracy": ("--stop_at_target.target_accuracy", "0.85"),
     "--patience": ("--stop_at_target.patience", "2"),
 }

@@ -76,3 +76,11 @@ def strategy_runs(fashion_root, tmp_path_factory):
     from tests.strategy_runs import StrategyRuns
 
     return StrategyRuns(fashion_root, tmp_path_factory.mktemp("strategy_runs"))
+
+
+@pytest.fixture(scope="session")
+def seeded_runs(fashion_root, tmp_path_factory):
+    """Seeded, deterministic runs (tests/seeded_runs.py), each started once per session: determinism and restarts."""
+    from tests.seeded_runs import SeededRuns
+
+    return SeededRuns(fashion_root, tmp_path_factory.mktemp("seeded_runs"))

@@ -318,3 +318,45 @@ class StallDataWorker(Callback):
         datamodule = trainer.datamodule  # its setup ran before the callbacks'
         if stage == "fit" and trainer.global_rank == self.rank and not isinstance(datamodule.train_set, _StallingImages):
             datamodule.train_set = _StallingImages(datamodule.train_set, self.after)
+
+
+class KillAfterCheckpoint(Callback):
+    """Fault injection for restarts: in each of the first ``attempts`` attempts, global rank ``rank`` SIGKILLs itself
+    ``steps_after`` optimizer steps after the first epoch end this process saw (so after that epoch's checkpoint).
+
+    The attempt is torchrun's ``TORCHELASTIC_RESTART_COUNT`` (0 outside torchrun); the marker file
+    ``$SAMPLE_RECORD_DIR/killed-<attempt>`` is created first, so an attempt kills at most once even when the same
+    command is started again by hand. Rank 0 records the step each attempt started training at in
+    ``attempt-<attempt>.json``.
+    """
+
+    def __init__(self, rank: int = 1, steps_after: int = 2, attempts: int = 1) -> None:
+        self.rank = rank
+        self.steps_after = steps_after
+        self.attempts = attempts
+        self._kill_at = None
+
+    @staticmethod
+    def _attempt() -> int:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    def on_train_start(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            record = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"attempt-{self._attempt()}.json"
+            record.write_text(json.dumps({"start_step": trainer.global_step, "pid": os.getpid()}))
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if self._kill_at is None:
+            self._kill_at = trainer.global_step + self.steps_after
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.global_rank != self.rank or self._kill_at is None or trainer.global_step < self._kill_at
+                or self._attempt() >= self.attempts):
+            return
+        try:
+            (Path(os.environ["SAMPLE_RECORD_DIR"]) / f"killed-{self._attempt()}").open("x").close()
+        except FileExistsError:
+            return
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -90,6 +90,7 @@ BAD_VALUES = [
     (["--lr_scaling", "cubic"], "model.lr_scaling"),
     (["--warmup_epochs", "-1"], "model.warmup_epochs"),
     (["--seed", "abc"], "seed_everything"),
+    (["--deterministic", "maybe"], "trainer.deterministic"),
     (["--target_accuracy", "1.5"], "stop_at_target.target_accuracy"),
     (["--patience", "0"], "stop_at_target.patience"),
     (["--lr"], "--lr needs a value"),
