@@ -9,7 +9,10 @@ For one network and per-device batch, in one run, with the measurements interlea
   (b) train.py as users run it (configs/default.yaml, its callbacks and logger), steady state:
       the epoch line's images/sec of epochs 2..n (epoch 1 pays for start-up and warm-up);
   (c) the workshop's loop: torchvision's FashionMNIST with ToTensor/Normalize per image and a DataLoader;
-  (d) ddp on CPU: train.py with 2 processes x 1 thread against 1 process x 1 thread.
+  (d) ddp on CPU: train.py with 2 processes x 1 thread against 1 process x 1 thread, and the
+      machine's own ceiling for it: two independent one-thread bare loops at once (no ddp, no
+      communication) against one alone. Where that ceiling is under 2, two busy cores share
+      something (caches, memory bandwidth, the hypervisor) and no ddp code can beat it.
 
 It prints b/a, b/c and the 2-process speed-up, a throughput-by-batch-size table of the bare
 loop (the lecture's CPU vs GPU table; GPU rows when CUDA is visible), the time of
@@ -50,7 +53,7 @@ OPTIONS = {
 }
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
-TARGETS = {"b/a": 0.95, "b/c": 1.3, "ddp speed-up": 1.85}
+TARGETS = {"b/a": 0.95, "b/c": 1.3, "ddp speed-up": 1.85}  # the issue's; the ceiling rows are information
 
 
 def sgd_for(net: torch.nn.Module) -> torch.optim.Optimizer:
@@ -87,6 +90,24 @@ def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu")
         return batch
 
     return timed_steps(step, warmup=3, seconds=seconds)
+
+
+def concurrent_bare_loops(network: str, batch: int, seconds: float, processes: int) -> float:
+    """Summed images/sec of ``processes`` one-thread bare loops timed over the same wall-clock window.
+
+    Each is its own Python process (as ddp ranks are); all start timing at one agreed instant
+    after their imports, so the window is shared and nothing but the hardware couples them.
+    """
+    start_at = time.time() + 12.0
+    code = ("import sys, time, torch; torch.set_num_threads(1); sys.path.insert(0, sys.argv[1]); "
+            "from benchmarks.speed import compute_bound; "
+            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
+            "print(compute_bound(sys.argv[3], int(sys.argv[4]), float(sys.argv[5])))")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    workers = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(start_at), network, str(batch), str(seconds)],
+                                env=env, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    rates = [float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers]
+    return sum(rates)
 
 
 def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, workers: int) -> float:
@@ -243,7 +264,7 @@ def main(argv=None) -> None:
             print(f"{name} input pipeline alone, 1 thread: {rate:.0f} images/sec, "
                   f"{1000 * batch / rate:.2f} ms per batch of {batch}")
         return
-    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2")}
+    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2", "e1", "e2")}
     options = OPTIONS if opts.options else {}
     samples.update({name: [] for name in options})
     first_steps: Dict[str, List[float]] = {name: [] for name in options}
@@ -256,6 +277,8 @@ def main(argv=None) -> None:
             samples["d1"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
             samples["d2"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
                                                extra=["--strategy", "ddp", "--devices", "2"]))
+            samples["e1"].append(concurrent_bare_loops(net, batch, opts.seconds, processes=1))
+            samples["e2"].append(concurrent_bare_loops(net, batch, opts.seconds, processes=2))
         for name, flags in options.items():
             rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
             samples[name].append(rate)
@@ -263,11 +286,13 @@ def main(argv=None) -> None:
         print(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items() if v),
               flush=True)
     if opts.skip_ddp:
-        del samples["d1"], samples["d2"]
+        del samples["d1"], samples["d2"], samples["e1"], samples["e2"]
     m = median_of(samples)
     ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"]}
     if not opts.skip_ddp:
         ratios["ddp speed-up"] = m["d2"] / m["d1"]
+        ratios["ceiling e2/e1"] = m["e2"] / m["e1"]
+        ratios["ddp speed-up / ceiling"] = ratios["ddp speed-up"] / ratios["ceiling e2/e1"]
 
     by_batch = []
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -305,6 +330,9 @@ def main(argv=None) -> None:
         lines += [
             f"| d1 | train.py, 1 process x 1 thread | {m['d1']:.0f} ({spread(samples['d1'])}) |",
             f"| d2 | train.py, ddp 2 processes x 1 thread (all ranks) | {m['d2']:.0f} ({spread(samples['d2'])}) |",
+            f"| e1 | ceiling: one bare loop, 1 thread | {m['e1']:.0f} ({spread(samples['e1'])}) |",
+            f"| e2 | ceiling: two independent bare loops at once, 1 thread each (sum) | {m['e2']:.0f} "
+            f"({spread(samples['e2'])}) |",
         ]
     lines += [
         "",
@@ -312,8 +340,11 @@ def main(argv=None) -> None:
         "|---|---|---|---|",
     ]
     for name, value in ratios.items():
-        verdict = "met" if value >= TARGETS[name] else "missed"
-        lines.append(f"| {name} | {value:.2f} | >= {TARGETS[name]} | {verdict} |")
+        if name in TARGETS:
+            verdict = "met" if value >= TARGETS[name] else "missed"
+            lines.append(f"| {name} | {value:.2f} | >= {TARGETS[name]} | {verdict} |")
+        else:
+            lines.append(f"| {name} | {value:.2f} | | |")
     if options:
         lines += ["", "train.py's options against (b), steady state; first: the first epoch's seconds, or with "
                       "compile the first step's (compilation):", "",
