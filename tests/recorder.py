@@ -232,10 +232,11 @@ class HangRank(Callback):
 
 
 class SignalAt(Callback):
-    """Fault injection: global rank ``rank`` sends itself ``signal`` (a name, default SIGTERM) once optimizer step
-    ``step`` is done, as a scheduler's preemption would. Added with ``--trainer.callbacks+=``, it comes before
-    train.py's Preemption callback, which sees the signal in the same ``on_train_batch_end``: every rank stops at
-    exactly this step (a signal from outside the job lands at whatever step is running)."""
+    """Fault injection: global rank ``rank`` sends itself ``signal`` (a name, default SIGTERM) just before optimizer
+    step ``step`` runs, as a scheduler's preemption would. The signal is then pending when the ranks agree on their
+    flags at the end of that batch (callbacks/step_flags.py: one all-reduce, run by the first callback that asks),
+    so every rank stops exactly once step ``step`` is done (a signal from outside the job lands at whatever step is
+    running, and one that arrives after the flags were gathered is acted on a batch later)."""
 
     def __init__(self, step: int, rank: int = 0, signal: str = "SIGTERM") -> None:
         self.step = step
@@ -243,8 +244,8 @@ class SignalAt(Callback):
         self.signal = signal
         self._sent = False
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_rank == self.rank and trainer.global_step == self.step and not self._sent:
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_rank == self.rank and trainer.global_step + 1 == self.step and not self._sent:
             self._sent = True
             os.kill(os.getpid(), getattr(signal, self.signal))
 
