@@ -84,18 +84,23 @@ def assert_verified_last(cwd: Path, line: str) -> dict:
     return checkpoint
 
 
+def assert_stopped_by_sigterm(job, tmp_path, took: float) -> dict:
+    """Every rank gone within the bound, one SIGTERM line and no traceback, nothing left, a verified last.ckpt."""
+    assert took < STOP_BOUND_S, took
+    lines = stop_lines(job.stderr)
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "resume with --ckpt_path last" in lines[0], job.tail()
+    assert "Traceback" not in job.stderr
+    assert running_in(tmp_path) == []
+    return assert_verified_last(tmp_path, lines[0])
+
+
 def test_sigterm_to_the_launcher_stops_both_ranks_with_143_and_a_verified_last_ckpt_then_resume(tmp_path,
                                                                                                   fashion_root):
     job = start_launcher(tmp_path, fashion_root)
     # rank 0 only: rank 1 learns it from the per-batch all_reduce
     took = signal_and_wait([job], lambda: os.kill(job.proc.pid, signal.SIGTERM))
     assert job.returncode == PREEMPTED, job.tail()
-    assert took < STOP_BOUND_S, took
-    lines = stop_lines(job.stderr)
-    assert len(lines) == 1 and "SIGTERM" in lines[0] and "resume with --ckpt_path last" in lines[0], job.tail()
-    assert "Traceback" not in job.stderr
-    assert running_in(tmp_path) == []
-    checkpoint = assert_verified_last(tmp_path, lines[0])
+    checkpoint = assert_stopped_by_sigterm(job, tmp_path, took)
     print(f"SIGTERM -> all ranks gone in {took:.1f} s, stopped at step {checkpoint['global_step']}")
 
     # The requeued job: the same command with --ckpt_path last trains on from that step to the end.
@@ -169,10 +174,5 @@ def test_sigterm_to_rank_1_only_stops_both_ranks_at_the_same_step_with_143(tmp_p
     rank1 = ranks.pop()
     took = signal_and_wait([job], lambda: os.kill(rank1, signal.SIGTERM))
     assert job.returncode == PREEMPTED, job.tail()  # rank 1 exiting otherwise would have made rank 0 exit 137
-    assert took < STOP_BOUND_S, took  # no wait for the collective timeout (300 s here)
-    lines = stop_lines(job.stderr)
-    assert len(lines) == 1 and "SIGTERM" in lines[0] and "resume with --ckpt_path last" in lines[0], job.tail()
-    assert "Traceback" not in job.stderr
-    assert running_in(tmp_path) == []
-    checkpoint = assert_verified_last(tmp_path, lines[0])
+    checkpoint = assert_stopped_by_sigterm(job, tmp_path, took)  # took: no wait for the collective timeout (300 s)
     print(f"SIGTERM to rank 1 -> all ranks gone in {took:.1f} s, stopped at step {checkpoint['global_step']}")
