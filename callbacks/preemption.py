@@ -9,7 +9,8 @@ inside the handler, and then trains on.
 Here the handlers (:func:`install_handlers`, called by train.py in every process) only note the
 signal. During training, after every batch and after every validation, the ranks all-reduce what
 they received (3 numbers in the one all_reduce shared with the divergence guard: callbacks/step_flags.py),
-so a signal that reached any rank stops all of them at the same step. Lightning's own per-batch
+so a signal that reached any rank stops all of them at the same step (with ``accumulate_grad_batches`` > 1, at
+the next optimizer step, so no accumulated gradient is lost). Lightning's own per-batch
 broadcast of its SIGTERM flag is switched off with its handlers. Then every rank takes part in saving ``last.ckpt`` (rank 0 writes it with
 a sha256 sidecar, checkpointing/verified_io.py), rank 0 reads it back and checks the sha256, and
 every rank raises :class:`Preempted`: train.py prints one line on rank 0 and exits 143 (SIGTERM,
@@ -106,6 +107,15 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
     return folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
 
 
+def _between_optimizer_steps(trainer: Trainer) -> bool:
+    """True after a batch whose gradients wait for the next one (``accumulate_grad_batches`` > 1): a checkpoint
+    there would lose them, so a stop waits for the optimizer step. The same on every rank (it depends only on the
+    batch count)."""
+    epoch_loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    should_accumulate = getattr(epoch_loop, "_should_accumulate", None)
+    return bool(should_accumulate is not None and trainer.accumulate_grad_batches > 1 and should_accumulate())
+
+
 class Preemption(CollectiveCallback):
     """Stops every rank at the same step after a signal, with a verified ``last.ckpt`` (train.py adds it)."""
 
@@ -150,8 +160,8 @@ class Preemption(CollectiveCallback):
             self._decide(trainer, pl_module, self.agreed_flags(trainer, pl_module, VALIDATION))
 
     def _decide(self, trainer: Trainer, pl_module: LightningModule, flags) -> None:
-        if not any(flags):
-            return
+        if not any(flags) or _between_optimizer_steps(trainer):
+            return  # the flags stay set: the ranks decide again after the next batch
         interrupted, terminated, usr1 = (bool(x) for x in flags)
         name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
         exit_code = EXIT_TERMINATED if terminated or usr1 else EXIT_INTERRUPTED

@@ -24,7 +24,8 @@ with Lightning's batch counter and warns once when they disagree: a checkpoint w
 position (written before this existed) or resumed with another batch size or world size cannot
 continue at the right sample, and that is never silent. It also warns when a resume lands between
 two optimizer steps (``accumulate_grad_batches`` > 1): the data continues at the right sample, but
-the gradients accumulated before the stop were not in the checkpoint.
+the gradients accumulated before the stop were not in the checkpoint (preemption waits for the step,
+callbacks/preemption.py; a checkpoint saved by other means might not).
 """
 
 import itertools

@@ -236,18 +236,28 @@ class SignalAt(Callback):
     step ``step`` runs, as a scheduler's preemption would. The signal is then pending when the ranks agree on their
     flags at the end of that batch (callbacks/step_flags.py: one all-reduce, run by the first callback that asks),
     so every rank stops exactly once step ``step`` is done (a signal from outside the job lands at whatever step is
-    running, and one that arrives after the flags were gathered is acted on a batch later)."""
+    running, and one that arrives after the flags were gathered is acted on a batch later).
 
-    def __init__(self, step: int, rank: int = 0, signal: str = "SIGTERM") -> None:
+    With ``batch`` instead of ``step``: just before training batch ``batch`` (counted from 1 over the whole run),
+    even one after which no optimizer step runs (``accumulate_grad_batches`` > 1)."""
+
+    def __init__(self, step: int = 0, rank: int = 0, signal: str = "SIGTERM", batch: int = 0) -> None:
         self.step = step
+        self.batch = batch
         self.rank = rank
         self.signal = signal
         self._sent = False
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        if trainer.global_rank == self.rank and trainer.global_step + 1 == self.step and not self._sent:
+    def _send(self, trainer, now: bool) -> None:
+        if trainer.global_rank == self.rank and now and not self._sent:
             self._sent = True
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self._send(trainer, self.step and trainer.global_step + 1 == self.step)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._send(trainer, self.batch and trainer.fit_loop.epoch_loop.total_batch_idx + 1 == self.batch)
 
 
 class CountCollectives(Callback):

@@ -22,11 +22,11 @@ from tests.processes import clean_env, running_in, start_all, wait_all
 TIMEOUT_S = 120
 PREEMPTED = 143
 STEPS_PER_EPOCH = 8  # 256 images / 32
+AUGMENTED_CNN = ["--network", "cnn", "--batch_size", "32", "--test_after_fit", "false",
+                 "--data.random_crop_padding", "2", "--data.horizontal_flip", "true"]
 # Every run also keeps each epoch's checkpoint (every_epoch/epoch=N.ckpt), to compare stages of a resumed run
 # (mode max only gives this ModelCheckpoint a state key other than last.ckpt's: neither monitors a metric).
-ONE_PROCESS = ["--network", "cnn", "--batch_size", "32", "--test_after_fit", "false",
-               "--data.random_crop_padding", "2", "--data.horizontal_flip", "true",
-               "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+ONE_PROCESS = [*AUGMENTED_CNN, "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
                "--trainer.callbacks.dirpath=every_epoch", "--trainer.callbacks.filename={epoch}",
                "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.mode=max"]
 
@@ -235,3 +235,32 @@ def test_two_ddp_ranks_stopped_mid_epoch_resume_exactly_where_they_stopped(tmp_p
     for rank in (0, 1):  # what each rank holds, not only what rank 0 saved
         a, b = (torch.load(tmp_path / name / "record" / f"rank_weights{rank}.pt") for name in ("straight", "resumed"))
         assert all(torch.equal(a[key], b[key]) for key in a), f"rank {rank}"
+
+
+def test_a_sigterm_between_two_optimizer_steps_stops_after_the_next_step_and_resumes_exactly(tmp_path, fashion_root):
+    """accumulate_grad_batches 2: 8 batches make 4 optimizer steps. SIGTERM just before batch 3 (the first half of
+    step 2): the job stops only after batch 4 (step 2 done), so no accumulated gradient is lost, and the resumed run
+    ends the epoch with the uninterrupted run's weights, without a DataPositionWarning."""
+    args = [str(TRAIN_PY), "--data_dir", str(fashion_root), *AUGMENTED_CNN, "--epochs", "1",
+            "--trainer.accumulate_grad_batches", "2"]
+    env = clean_env({"OMP_NUM_THREADS": "1"})
+    straight_dir, resumed_dir = tmp_path / "straight", tmp_path / "resumed"
+    straight_dir.mkdir(), resumed_dir.mkdir()
+    straight, stopped = jobs = start_all(
+        [("straight", args, straight_dir, env),
+         ("stopped", [*args, "--trainer.callbacks+=tests.recorder.SignalAt", "--trainer.callbacks.batch=3"],
+          resumed_dir, env)], tmp_path / "logs")
+    assert wait_all(jobs, TIMEOUT_S) is None
+    assert straight.returncode == 0, straight.tail()
+    assert stopped.returncode == PREEMPTED, stopped.tail()
+    assert "stopped by SIGTERM at optimizer step 2 (epoch 1)" in stopped.stderr, stopped.tail()
+    checkpoint = last_checkpoint(resumed_dir)
+    assert checkpoint["global_step"] == 2
+    assert loader_position(checkpoint) == {"epoch": 0, "batches": 4, "batch_size": 32, "world_size": 1}
+
+    resumed = run_train([*args[1:], "--ckpt_path", "last"], cwd=resumed_dir, timeout=TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "DataPositionWarning" not in resumed.stderr, resumed.stderr[-3000:]
+    final = last_checkpoint(resumed_dir)
+    assert final["global_step"] == 4
+    assert_bitwise_equal(last_checkpoint(straight_dir), final)
