@@ -9,6 +9,8 @@ STAMP  := $(VENV)/.installed
 ARGS   ?=
 # Extra flags for pytest, e.g. make test PYTEST_ARGS="-k shorthand"
 PYTEST_ARGS ?=
+# pytest-xdist workers: most tests wait on train.py processes, so 2 keep 2 cores busy (0 runs them in one process)
+PYTEST_WORKERS ?= 2
 
 .PHONY: help train test bench tensorboard clean
 
@@ -25,7 +27,7 @@ train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds fla
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Extra flags for the benchmark, e.g. make bench BENCH_ARGS="--network fast --repeats 5"
 BENCH_ARGS ?=

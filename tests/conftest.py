@@ -84,3 +84,27 @@ def seeded_runs(fashion_root, tmp_path_factory):
     from tests.seeded_runs import SeededRuns
 
     return SeededRuns(fashion_root, tmp_path_factory.mktemp("seeded_runs"))
+
+
+
+# Files whose tests read the same session-wide runs: under pytest-xdist they share a worker, so each run is made once.
+SHARED_RUNS = {
+    "tests/test_equivalence.py": "strategy_runs", "tests/test_fsdp.py": "strategy_runs",
+    "tests/test_grad_noise.py": "strategy_runs",
+    "tests/test_determinism.py": "seeded_runs", "tests/test_restarts.py": "seeded_runs",
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``make test`` runs 2 pytest-xdist workers. Each file's tests run in one worker (as ``--dist loadfile``: its
+    module-scoped runs are made once), and the files of one SHARED_RUNS group in the same worker. (xdist's own
+    ``--dist loadgroup`` would do the latter with marks, but with pytest 9.2 it ignores them: pytest-xdist#1386.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunsScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_RUNS.get(path, path)
+
+    return SharedRunsScheduling(config, log)
