@@ -2,7 +2,7 @@
 every attempt resuming from the newest checkpoint by itself (``--ckpt_path last`` in the one command), and the job
 ending with exactly the weights and the final step of a clean run; TensorBoard then shows one value per step.
 
-One job, ``RESTARTS`` restarts (tests/seeded_runs.py; ``FASHION_MNIST_TEST_RESTARTS=10`` for 10): in attempt k rank 1
+One job, ``RESTARTS`` restarts (10; tests/seeded_runs.py, ``FASHION_MNIST_TEST_RESTARTS=3`` for fewer): in attempt k rank 1
 kills itself 2 steps after the end of epoch k+1 (tests.recorder.KillAfterCheckpoint), so attempt k+1 must start at
 step 4(k+1). torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as docs/reliability.md tells users to:
 without it, restarts failed to connect or hung in gloo's connect (strategies/torchrun.py).
