@@ -12,7 +12,9 @@ For one network and per-device batch, in one run, with the measurements interlea
   (d) ddp on CPU: train.py with 2 processes x 1 thread against 1 process x 1 thread, and the
       machine's own ceiling for it: two independent one-thread bare loops at once (no ddp, no
       communication) against one alone. Where that ceiling is under 2, two busy cores share
-      something (caches, memory bandwidth, the hypervisor) and no ddp code can beat it.
+      something (caches, memory bandwidth, the hypervisor) and no ddp code can beat it;
+  (f) the bare loop of (a) under torch's DistributedDataParallel, 2 processes x 1 thread over gloo:
+      f/e2 is what ddp itself costs, d2/f what train.py and Lightning add to it.
 
 It prints b/a, b/c and the 2-process speed-up, a throughput-by-batch-size table of the bare
 loop (the lecture's CPU vs GPU table; GPU rows when CUDA is visible), the time of
@@ -73,11 +75,25 @@ def timed_steps(step: Callable[[], int], warmup: int, seconds: float) -> float:
             return images / elapsed
 
 
-def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu") -> float:
-    """(a) One fixed, already normalised batch: no data loading at all."""
+def timed_step_count(step: Callable[[], int], warmup: int, steps: int) -> float:
+    """Images/sec of exactly ``steps`` calls of ``step``, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        step()
+    images, start = 0, time.perf_counter()
+    for _ in range(steps):
+        images += step()
+    return images / (time.perf_counter() - start)
+
+
+def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu", steps: int = 0,
+                  ddp: bool = False) -> float:
+    """(a) One fixed, already normalised batch: no data loading at all. ``steps``: time that many steps instead of
+    ``seconds``; ``ddp``: wrap the network in DistributedDataParallel (the process group must be up)."""
     torch.manual_seed(0)
     net = build_network(network).to(device).train()
     optimizer = sgd_for(net)
+    if ddp:
+        net = torch.nn.parallel.DistributedDataParallel(net)
     images = torch.randn(batch, 1, 28, 28, device=device)
     targets = torch.randint(0, 10, (batch,), device=device)
 
@@ -89,24 +105,68 @@ def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu")
             torch.cuda.synchronize()
         return batch
 
+    if steps:
+        return timed_step_count(step, warmup=3, steps=steps)
     return timed_steps(step, warmup=3, seconds=seconds)
 
 
 def concurrent_bare_loops(network: str, batch: int, seconds: float, processes: int) -> float:
     """Summed images/sec of ``processes`` one-thread bare loops timed over the same wall-clock window.
 
-    Each is its own Python process (as ddp ranks are); all start timing at one agreed instant
-    after their imports, so the window is shared and nothing but the hardware couples them.
+    Each is its own Python process (as ddp ranks are); once all have imported torch and say so, the
+    parent gives them one start instant, so the window is shared and nothing but the hardware couples them.
     """
-    start_at = time.time() + 12.0
     code = ("import sys, time, torch; torch.set_num_threads(1); sys.path.insert(0, sys.argv[1]); "
-            "from benchmarks.speed import compute_bound; "
-            "time.sleep(max(0.0, float(sys.argv[2]) - time.time())); "
-            "print(compute_bound(sys.argv[3], int(sys.argv[4]), float(sys.argv[5])))")
+            "from benchmarks.speed import compute_bound; print('ready', flush=True); "
+            "start_at = float(sys.stdin.readline()); time.sleep(max(0.0, start_at - time.time())); "
+            "print(compute_bound(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])), flush=True)")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    workers = [subprocess.Popen([sys.executable, "-c", code, str(REPO), str(start_at), network, str(batch), str(seconds)],
-                                env=env, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
-    rates = [float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers]
+    workers = [subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(seconds)],
+                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for _ in range(processes)]
+    try:
+        for worker in workers:
+            if worker.stdout.readline().strip() != "ready":
+                raise SystemExit(f"a bare-loop process failed to start (exit {worker.wait()})")
+        start_at = time.time() + 0.5
+        for worker in workers:
+            worker.stdin.write(f"{start_at}\n")
+            worker.stdin.flush()
+        rates = [float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+    return sum(rates)
+
+
+def bare_ddp_loops(network: str, batch: int, steps: int) -> float:
+    """(f) The bare loop of (a) under torch's DistributedDataParallel: 2 processes x 1 thread over gloo on
+    127.0.0.1, ``steps`` timed steps each (a fixed count: every rank must take part in every all-reduce).
+    Summed images/sec of both ranks: what ddp itself costs, without Lightning or train.py."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("import sys, torch, torch.distributed as dist; torch.set_num_threads(1); sys.path.insert(0, sys.argv[1]); "
+            "from benchmarks.speed import compute_bound; dist.init_process_group('gloo'); "
+            "print(compute_bound(sys.argv[2], int(sys.argv[3]), 0.0, steps=int(sys.argv[4]), ddp=True), flush=True); "
+            "dist.destroy_process_group()")
+    workers = []
+    for rank in range(2):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                   WORLD_SIZE="2")
+        workers.append(subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(steps)],
+                                        env=env, stdout=subprocess.PIPE, text=True))
+    try:
+        rates = [float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers]
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
     return sum(rates)
 
 
@@ -186,11 +246,14 @@ def run_train(args: List[str], threads=None, timeout: float = 900) -> str:
 def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
     """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own epoch lines.
 
+    No validation: it is not in the images/sec, and ``--trainer.limit_val_batches 1`` would mean all of it
+    (the CLI reads 1 as the float 1.0, i.e. 100 %), which made each repeat about twice as long.
+
     ``first_step``: also return the first step's seconds (TensorBoard's ``time/first_step_s`` is not read back;
     the compile line is printed only with compile, so the first epoch's time stands in for the others).
     """
     out = run_train(["--accelerator", "cpu", "--network", network, "--batch_size", str(batch), "--epochs", str(epochs),
-                     "--trainer.limit_train_batches", str(steps), "--trainer.limit_val_batches", "1",
+                     "--trainer.limit_train_batches", str(steps), "--trainer.limit_val_batches", "0",
                      "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra], threads)
     rates = {int(epoch): float(rate) for epoch, rate in EPOCH_LINE.findall(out)}
     steady = [rates[e] for e in range(2, epochs + 1) if e in rates]
@@ -264,41 +327,56 @@ def main(argv=None) -> None:
             print(f"{name} input pipeline alone, 1 thread: {rate:.0f} images/sec, "
                   f"{1000 * batch / rate:.2f} ms per batch of {batch}")
         return
-    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2", "e1", "e2")}
+    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2", "e1", "e2", "f")}
     options = OPTIONS if opts.options else {}
     samples.update({name: [] for name in options})
     first_steps: Dict[str, List[float]] = {name: [] for name in options}
     started = time.perf_counter()
+    wall: Dict[str, float] = {}  # seconds each measurement of this repeat took, start-up included
+
+    def measure(name: str, rate: Callable[[], float]) -> None:
+        begin = time.perf_counter()
+        samples[name].append(rate())
+        wall[name] = time.perf_counter() - begin
+
     for repeat in range(opts.repeats):
-        samples["a"].append(compute_bound(net, batch, opts.seconds))
-        samples["b"].append(train_py_rate(net, batch, opts.steps, epochs=3))
-        samples["c"].append(workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers))
+        measure("a", lambda: compute_bound(net, batch, opts.seconds))
+        measure("b", lambda: train_py_rate(net, batch, opts.steps, epochs=3))
+        measure("c", lambda: workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers))
         if not opts.skip_ddp:
-            samples["d1"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
-            samples["d2"].append(train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
-                                               extra=["--strategy", "ddp", "--devices", "2"]))
-            samples["e1"].append(concurrent_bare_loops(net, batch, opts.seconds, processes=1))
-            samples["e2"].append(concurrent_bare_loops(net, batch, opts.seconds, processes=2))
+            measure("d1", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
+            measure("d2", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
+                                                extra=["--strategy", "ddp", "--devices", "2"]))
+            measure("e1", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=1))
+            measure("e2", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=2))
+            measure("f", lambda: bare_ddp_loops(net, batch, steps=opts.steps))
         for name, flags in options.items():
+            begin = time.perf_counter()
             rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
             samples[name].append(rate)
             first_steps[name].append(first_step)
-        print(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in samples.items() if v),
-              flush=True)
+            wall[name] = time.perf_counter() - begin
+        print(f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
+              + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items() if v), flush=True)
     if opts.skip_ddp:
-        del samples["d1"], samples["d2"], samples["e1"], samples["e2"]
+        del samples["d1"], samples["d2"], samples["e1"], samples["e2"], samples["f"]
     m = median_of(samples)
     ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"]}
     if not opts.skip_ddp:
         ratios["ddp speed-up"] = m["d2"] / m["d1"]
         ratios["ceiling e2/e1"] = m["e2"] / m["e1"]
         ratios["ddp speed-up / ceiling"] = ratios["ddp speed-up"] / ratios["ceiling e2/e1"]
+        ratios["bare ddp f/e2"] = m["f"] / m["e2"]
+        ratios["train.py ddp d2/f"] = m["d2"] / m["f"]
 
+    begin = time.perf_counter()
     by_batch = []
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for size in (2, 4, 16, 64, 128, 256, 512):
         row = [size] + [compute_bound(net, size, seconds=2.0, device=device) for device in devices]
         by_batch.append(row)
+    print(f"batch-size table: {time.perf_counter() - begin:.0f} s", flush=True)
+    begin = time.perf_counter()
 
     help_s = statistics.median(wall_seconds([sys.executable, str(REPO / "train.py"), "--help"]) for _ in range(3))
     first_step_s = statistics.median(
@@ -307,6 +385,7 @@ def main(argv=None) -> None:
                       "--test_after_fit", "false"])
         for _ in range(3)
     )
+    print(f"--help and start-up, 3 times each: {time.perf_counter() - begin:.0f} s", flush=True)
 
     lines = [
         f"Command: `FASHION_MNIST_DIR=../shared/data python -m benchmarks.speed "
@@ -333,6 +412,8 @@ def main(argv=None) -> None:
             f"| e1 | ceiling: one bare loop, 1 thread | {m['e1']:.0f} ({spread(samples['e1'])}) |",
             f"| e2 | ceiling: two independent bare loops at once, 1 thread each (sum) | {m['e2']:.0f} "
             f"({spread(samples['e2'])}) |",
+            f"| f | bare loop under torch's DistributedDataParallel, 2 processes x 1 thread, gloo (all ranks) | "
+            f"{m['f']:.0f} ({spread(samples['f'])}) |",
         ]
     lines += [
         "",
