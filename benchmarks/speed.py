@@ -124,7 +124,8 @@ def concurrent_bare_loops(network: str, batch: int, seconds: float, processes: i
     workers = [subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(seconds)],
                                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                for _ in range(processes)]
-    try:
+
+    def start_together() -> None:
         for worker in workers:
             if worker.stdout.readline().strip() != "ready":
                 raise SystemExit(f"a bare-loop process failed to start (exit {worker.wait()})")
@@ -132,13 +133,20 @@ def concurrent_bare_loops(network: str, batch: int, seconds: float, processes: i
         for worker in workers:
             worker.stdin.write(f"{start_at}\n")
             worker.stdin.flush()
-        rates = [float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers]
+
+    return summed_rates(workers, start_together)
+
+
+def summed_rates(workers: List[subprocess.Popen], before: Callable[[], None] = lambda: None) -> float:
+    """Run ``before``, then add up the images/sec each bare-loop process prints last; none is left running."""
+    try:
+        before()
+        return sum(float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers)
     finally:
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-    return sum(rates)
 
 
 def bare_ddp_loops(network: str, batch: int, steps: int) -> float:
@@ -160,14 +168,7 @@ def bare_ddp_loops(network: str, batch: int, steps: int) -> float:
                    WORLD_SIZE="2")
         workers.append(subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(steps)],
                                         env=env, stdout=subprocess.PIPE, text=True))
-    try:
-        rates = [float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers]
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
-    return sum(rates)
+    return summed_rates(workers)
 
 
 def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, workers: int) -> float:
