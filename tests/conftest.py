@@ -86,7 +86,6 @@ def seeded_runs(fashion_root, tmp_path_factory):
     return SeededRuns(fashion_root, tmp_path_factory.mktemp("seeded_runs"))
 
 
-
 # Files whose tests read the same session-wide runs: under pytest-xdist they share a worker, so each run is made once.
 SHARED_RUNS = {
     "tests/test_equivalence.py": "strategy_runs", "tests/test_fsdp.py": "strategy_runs",
