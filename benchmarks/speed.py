@@ -63,26 +63,18 @@ def sgd_for(net: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
 
 
-def timed_steps(step: Callable[[], int], warmup: int, seconds: float) -> float:
-    """Images/sec of ``step`` (returns images done) over at least ``seconds``, after ``warmup`` untimed steps."""
+def timed_steps(step: Callable[[], int], warmup: int, seconds: float, steps: int = 0) -> float:
+    """Images/sec of ``step`` (returns images done) over at least ``seconds``, or over exactly ``steps`` calls when
+    given (ddp ranks must all take part in every step), after ``warmup`` untimed steps."""
     for _ in range(warmup):
         step()
-    images, start = 0, time.perf_counter()
+    images, done, start = 0, 0, time.perf_counter()
     while True:
         images += step()
+        done += 1
         elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
+        if (done >= steps) if steps else (elapsed >= seconds):
             return images / elapsed
-
-
-def timed_step_count(step: Callable[[], int], warmup: int, steps: int) -> float:
-    """Images/sec of exactly ``steps`` calls of ``step``, after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        step()
-    images, start = 0, time.perf_counter()
-    for _ in range(steps):
-        images += step()
-    return images / (time.perf_counter() - start)
 
 
 def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu", steps: int = 0,
@@ -105,9 +97,7 @@ def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu",
             torch.cuda.synchronize()
         return batch
 
-    if steps:
-        return timed_step_count(step, warmup=3, steps=steps)
-    return timed_steps(step, warmup=3, seconds=seconds)
+    return timed_steps(step, warmup=3, seconds=seconds, steps=steps)
 
 
 def concurrent_bare_loops(network: str, batch: int, seconds: float, processes: int) -> float:
@@ -340,6 +330,11 @@ def main(argv=None) -> None:
         samples[name].append(rate())
         wall[name] = time.perf_counter() - begin
 
+    def option_rate(name: str, flags: List[str]) -> float:
+        rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
+        first_steps[name].append(first_step)
+        return rate
+
     for repeat in range(opts.repeats):
         measure("a", lambda: compute_bound(net, batch, opts.seconds))
         measure("b", lambda: train_py_rate(net, batch, opts.steps, epochs=3))
@@ -352,11 +347,7 @@ def main(argv=None) -> None:
             measure("e2", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=2))
             measure("f", lambda: bare_ddp_loops(net, batch, steps=opts.steps))
         for name, flags in options.items():
-            begin = time.perf_counter()
-            rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
-            samples[name].append(rate)
-            first_steps[name].append(first_step)
-            wall[name] = time.perf_counter() - begin
+            measure(name, lambda: option_rate(name, flags))
         print(f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
               + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items() if v), flush=True)
     if opts.skip_ddp:
