@@ -65,7 +65,8 @@ class FashionMNISTClassifier(LightningModule):
         warmup_start_lr: Learning rate at the first warm-up step. Default: base_lr (the workshop's warm-up
             from the single-device lr to the scaled one). Set it lower for a one-cycle style ramp.
         channels_last: Keep weights and batches in NHWC memory format (faster convolutions with
-            cuDNN under mixed precision, and with oneDNN on CPU).
+            cuDNN under mixed precision, and with oneDNN on CPU). configs/default.yaml turns it on;
+            the outputs equal NCHW's up to float rounding.
         compile: ``torch.compile`` the network (first steps pay the compilation; the epoch-1 line says how long).
         flip_test_time: Validation, test and predict average the logits of each image and its mirror image
             (test-time augmentation; costs a second forward pass in evaluation only, none in training).
