@@ -3,12 +3,15 @@
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.speed [--network cnn] [--repeats 3]
 
 For one network and per-device batch, in one run, with the measurements interleaved
-(a, b, c, d1, d2, then again) and medians quoted:
+(a, b, c, d1, ... in one repeat, the reverse order in the next, so that no measurement always
+follows the same one) and medians quoted:
 
-  (a) compute bound: a bare PyTorch loop (forward, backward, SGD step) on one fixed batch in memory;
+  (a) compute bound: a bare PyTorch loop (forward, backward, SGD step) on one fixed batch in memory,
+      in train.py's default memory format (configs/default.yaml's model.channels_last);
   (b) train.py as users run it (configs/default.yaml, its callbacks and logger), steady state:
       the epoch line's images/sec of epochs 2..n (epoch 1 pays for start-up and warm-up);
-  (c) the workshop's loop: torchvision's FashionMNIST with ToTensor/Normalize per image and a DataLoader;
+  (c) the workshop's loop: torchvision's FashionMNIST with ToTensor/Normalize per image and a DataLoader,
+      NCHW as the workshop runs it;
   (d) ddp on CPU: train.py with 2 processes x 1 thread against 1 process x 1 thread, and the
       machine's own ceiling for it: two independent one-thread bare loops at once (no ddp, no
       communication) against one alone. Where that ceiling is under 2, two busy cores share
@@ -24,6 +27,7 @@ replaces the generated section of docs/benchmarks.md.
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import re
@@ -33,10 +37,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,12 +49,17 @@ sys.path.insert(0, str(REPO))
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD, default_data_dir, torchvision_root  # noqa: E402
 from lightning_modules.networks import build_network  # noqa: E402
 
+DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
+# The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.
+DEFAULT_CHANNELS_LAST = bool(yaml.safe_load(DEFAULT_CONFIG.read_text())["model"].get("channels_last", False))
+FORMAT = "NHWC" if DEFAULT_CHANNELS_LAST else "NCHW"
 EPOCH_LINE = re.compile(r"Epoch (\d+): Cumulative Time = [\d.]+, Images/sec = ([\d.]+)")
 EPOCH_TIME = re.compile(r"Epoch 1: Cumulative Time = ([\d.]+)")
 FIRST_STEP_LINE = re.compile(r"First training step: ([\d.]+) s")
-# train.py's speed options, each measured against (b) with --options.
+# train.py's speed options, each measured against (b) with --options; the memory format row is the one
+# train.py does not use by default.
 OPTIONS = {
-    "channels_last": ["--model.channels_last", "true"],
+    "NCHW" if DEFAULT_CHANNELS_LAST else "NHWC": ["--model.channels_last", str(not DEFAULT_CHANNELS_LAST).lower()],
     "compile": ["--model.compile", "true"],
     "crop+flip": ["--data.random_crop_padding", "2", "--data.horizontal_flip", "true"],
 }
@@ -78,15 +88,17 @@ def timed_steps(step: Callable[[], int], warmup: int, seconds: float, steps: int
 
 
 def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu", steps: int = 0,
-                  ddp: bool = False) -> float:
+                  ddp: bool = False, channels_last: bool = DEFAULT_CHANNELS_LAST) -> float:
     """(a) One fixed, already normalised batch: no data loading at all. ``steps``: time that many steps instead of
-    ``seconds``; ``ddp``: wrap the network in DistributedDataParallel (the process group must be up)."""
+    ``seconds``; ``ddp``: wrap the network in DistributedDataParallel (the process group must be up);
+    ``channels_last``: NHWC weights and batch, as train.py's ``--model.channels_last``."""
     torch.manual_seed(0)
-    net = build_network(network).to(device).train()
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    net = build_network(network).to(device).train().to(memory_format=memory_format)
     optimizer = sgd_for(net)
     if ddp:
         net = torch.nn.parallel.DistributedDataParallel(net)
-    images = torch.randn(batch, 1, 28, 28, device=device)
+    images = torch.randn(batch, 1, 28, 28, device=device).contiguous(memory_format=memory_format)
     targets = torch.randint(0, 10, (batch,), device=device)
 
     def step() -> int:
@@ -227,7 +239,7 @@ def run_train(args: List[str], threads=None, timeout: float = 900) -> str:
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory() as cwd:
-        command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"), *args]
+        command = [sys.executable, str(REPO / "train.py"), "--config", str(DEFAULT_CONFIG), *args]
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise SystemExit(f"train.py {' '.join(args)} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
@@ -335,19 +347,26 @@ def main(argv=None) -> None:
         first_steps[name].append(first_step)
         return rate
 
+    plan: List[Tuple[str, Callable[[], float]]] = [
+        ("a", lambda: compute_bound(net, batch, opts.seconds)),
+        ("b", lambda: train_py_rate(net, batch, opts.steps, epochs=3)),
+        ("c", lambda: workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers)),
+    ]
+    if not opts.skip_ddp:
+        plan += [
+            ("d1", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1)),
+            ("e1", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=1)),
+            ("d2", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
+                                         extra=["--strategy", "ddp", "--devices", "2"])),
+            ("e2", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=2)),
+            ("f", lambda: bare_ddp_loops(net, batch, steps=opts.steps)),
+        ]
+    plan += [(name, functools.partial(option_rate, name, flags)) for name, flags in options.items()]
     for repeat in range(opts.repeats):
-        measure("a", lambda: compute_bound(net, batch, opts.seconds))
-        measure("b", lambda: train_py_rate(net, batch, opts.steps, epochs=3))
-        measure("c", lambda: workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers))
-        if not opts.skip_ddp:
-            measure("d1", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1))
-            measure("d2", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
-                                                extra=["--strategy", "ddp", "--devices", "2"]))
-            measure("e1", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=1))
-            measure("e2", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=2))
-            measure("f", lambda: bare_ddp_loops(net, batch, steps=opts.steps))
-        for name, flags in options.items():
-            measure(name, lambda: option_rate(name, flags))
+        # Every other repeat runs the plan backwards: a measurement's slot (what ran just before it, e.g. two busy
+        # cores) shifted e1 by 10-15 % when e1 always followed d2.
+        for name, rate in plan if repeat % 2 == 0 else reversed(plan):
+            measure(name, rate)
         print(f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
               + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items() if v), flush=True)
     if opts.skip_ddp:
@@ -371,8 +390,12 @@ def main(argv=None) -> None:
     begin = time.perf_counter()
 
     help_s = statistics.median(wall_seconds([sys.executable, str(REPO / "train.py"), "--help"]) for _ in range(3))
+    # What --help cannot avoid: Lightning imports torchmetrics, whose package import pulls in torchvision.models
+    # and with it torch._dynamo (python -X importtime train.py --help shows the chain).
+    import_s = {module: statistics.median(wall_seconds([sys.executable, "-c", f"import {module}"]) for _ in range(3))
+                for module in ("torch", "lightning.pytorch")}
     first_step_s = statistics.median(
-        wall_seconds([sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"),
+        wall_seconds([sys.executable, str(REPO / "train.py"), "--config", str(DEFAULT_CONFIG),
                       "--accelerator", "cpu", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
                       "--test_after_fit", "false"])
         for _ in range(3)
@@ -387,8 +410,8 @@ def main(argv=None) -> None:
         "",
         f"Machine: {machine()}.",
         "",
-        f"Network `{net}`, batch {batch} per process, fp32, SGD momentum 0.9. Images/sec, median of {opts.repeats} "
-        "interleaved repeats (range in brackets).",
+        f"Network `{net}`, batch {batch} per process, fp32, SGD momentum 0.9, {FORMAT} (train.py's default; "
+        f"the workshop loop c: NCHW). Images/sec, median of {opts.repeats} interleaved repeats (range in brackets).",
         "",
         "| | measurement | images/sec |",
         "|---|---|---|",
@@ -425,13 +448,15 @@ def main(argv=None) -> None:
         lines += [f"| {name} | {m[name]:.0f} ({spread(samples[name])}) | {m[name] / m['b']:.2f} | "
                   f"{statistics.median(first_steps[name]):.1f} |" for name in options]
     header = " | ".join(f"{d} images/sec" for d in devices)
-    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32):", "", f"| batch | {header} |",
+    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32, {FORMAT}):", "", f"| batch | {header} |",
               "|---" * (len(devices) + 1) + "|"]
     lines += [f"| {row[0]} | " + " | ".join(f"{v:.0f}" for v in row[1:]) + " |" for row in by_batch]
     if not torch.cuda.is_available():
         lines += ["", "GPU rows: no GPU on this machine (unverified)."]
-    lines += ["", f"`python train.py --help`: {help_s:.1f} s; start-up to the end of the first optimizer step "
-                  f"(`--trainer.max_steps 1 --trainer.limit_val_batches 0`, the default config's logger and checkpoints): {first_step_s:.1f} s (medians of 3)."]
+    lines += ["", f"`python train.py --help`: {help_s:.1f} s, of which `import torch` takes {import_s['torch']:.1f} s "
+                  f"and `import lightning.pytorch` (torch included) {import_s['lightning.pytorch']:.1f} s; start-up to "
+                  f"the end of the first optimizer step (`--trainer.max_steps 1 --trainer.limit_val_batches 0`, the "
+                  f"default config's logger and checkpoints): {first_step_s:.1f} s (medians of 3)."]
     report = "\n".join(lines)
     print("\n" + report)
     if opts.write:
