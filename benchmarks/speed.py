@@ -16,8 +16,11 @@ follows the same one) and medians quoted:
       machine's own ceiling for it: two independent one-thread bare loops at once (no ddp, no
       communication) against one alone. Where that ceiling is under 2, two busy cores share
       something (caches, memory bandwidth, the hypervisor) and no ddp code can beat it;
+  (g) the two bare loops of e2 in lockstep: after each step the two processes all-reduce one number
+      (no gradients), so each step waits for the slower one, as every synchronous data-parallel step
+      does; g/e2 is what that wait costs on this machine;
   (f) the bare loop of (a) under torch's DistributedDataParallel, 2 processes x 1 thread over gloo:
-      f/e2 is what ddp itself costs, d2/f what train.py and Lightning add to it.
+      f/g is what the gradient all-reduce adds to the lockstep, d2/f what train.py and Lightning add.
 
 It prints b/a, b/c and the 2-process speed-up, a throughput-by-batch-size table of the bare
 loop (the lecture's CPU vs GPU table; GPU rows when CUDA is visible), the time of
@@ -88,16 +91,18 @@ def timed_steps(step: Callable[[], int], warmup: int, seconds: float, steps: int
 
 
 def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu", steps: int = 0,
-                  ddp: bool = False, channels_last: bool = DEFAULT_CHANNELS_LAST) -> float:
+                  sync: str = "", channels_last: bool = DEFAULT_CHANNELS_LAST) -> float:
     """(a) One fixed, already normalised batch: no data loading at all. ``steps``: time that many steps instead of
-    ``seconds``; ``ddp``: wrap the network in DistributedDataParallel (the process group must be up);
-    ``channels_last``: NHWC weights and batch, as train.py's ``--model.channels_last``."""
+    ``seconds``; ``sync`` (the process group must be up): ``ddp`` wraps the network in DistributedDataParallel,
+    ``lockstep`` all-reduces one number after each step; ``channels_last``: NHWC weights and batch, as train.py's
+    ``--model.channels_last``."""
     torch.manual_seed(0)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     net = build_network(network).to(device).train().to(memory_format=memory_format)
     optimizer = sgd_for(net)
-    if ddp:
+    if sync == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(net)
+    handshake = torch.zeros(1)
     images = torch.randn(batch, 1, 28, 28, device=device).contiguous(memory_format=memory_format)
     targets = torch.randint(0, 10, (batch,), device=device)
 
@@ -105,6 +110,8 @@ def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu",
         optimizer.zero_grad(set_to_none=True)
         F.cross_entropy(net(images), targets).backward()
         optimizer.step()
+        if sync == "lockstep":
+            torch.distributed.all_reduce(handshake)
         if device == "cuda":
             torch.cuda.synchronize()
         return batch
@@ -151,10 +158,11 @@ def summed_rates(workers: List[subprocess.Popen], before: Callable[[], None] = l
                 worker.wait()
 
 
-def bare_ddp_loops(network: str, batch: int, steps: int) -> float:
-    """(f) The bare loop of (a) under torch's DistributedDataParallel: 2 processes x 1 thread over gloo on
-    127.0.0.1, ``steps`` timed steps each (a fixed count: every rank must take part in every all-reduce).
-    Summed images/sec of both ranks: what ddp itself costs, without Lightning or train.py."""
+def synchronised_bare_loops(network: str, batch: int, steps: int, sync: str) -> float:
+    """(f) The bare loop of (a) under torch's DistributedDataParallel (``sync="ddp"``), or (g) two bare loops that
+    only all-reduce one number per step (``sync="lockstep"``): 2 processes x 1 thread over gloo on 127.0.0.1,
+    ``steps`` timed steps each (a fixed count: every rank must take part in every all-reduce). Summed images/sec
+    of both ranks, without Lightning or train.py."""
     import socket
 
     with socket.socket() as probe:
@@ -162,13 +170,14 @@ def bare_ddp_loops(network: str, batch: int, steps: int) -> float:
         port = probe.getsockname()[1]
     code = ("import sys, torch, torch.distributed as dist; torch.set_num_threads(1); sys.path.insert(0, sys.argv[1]); "
             "from benchmarks.speed import compute_bound; dist.init_process_group('gloo'); "
-            "print(compute_bound(sys.argv[2], int(sys.argv[3]), 0.0, steps=int(sys.argv[4]), ddp=True), flush=True); "
+            "rate = compute_bound(sys.argv[2], int(sys.argv[3]), 0.0, steps=int(sys.argv[4]), sync=sys.argv[5]); "
+            "print(rate, flush=True); "
             "dist.destroy_process_group()")
     workers = []
     for rank in range(2):
         env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                    WORLD_SIZE="2")
-        workers.append(subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(steps)],
+        workers.append(subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(steps), sync],
                                         env=env, stdout=subprocess.PIPE, text=True))
     return summed_rates(workers)
 
@@ -330,7 +339,7 @@ def main(argv=None) -> None:
             print(f"{name} input pipeline alone, 1 thread: {rate:.0f} images/sec, "
                   f"{1000 * batch / rate:.2f} ms per batch of {batch}")
         return
-    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2", "e1", "e2", "f")}
+    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2", "e1", "e2", "g", "f")}
     options = OPTIONS if opts.options else {}
     samples.update({name: [] for name in options})
     first_steps: Dict[str, List[float]] = {name: [] for name in options}
@@ -359,7 +368,8 @@ def main(argv=None) -> None:
             ("d2", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
                                          extra=["--strategy", "ddp", "--devices", "2"])),
             ("e2", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=2)),
-            ("f", lambda: bare_ddp_loops(net, batch, steps=opts.steps)),
+            ("g", lambda: synchronised_bare_loops(net, batch, opts.steps, sync="lockstep")),
+            ("f", lambda: synchronised_bare_loops(net, batch, opts.steps, sync="ddp")),
         ]
     plan += [(name, functools.partial(option_rate, name, flags)) for name, flags in options.items()]
     for repeat in range(opts.repeats):
@@ -370,14 +380,17 @@ def main(argv=None) -> None:
         print(f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
               + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items() if v), flush=True)
     if opts.skip_ddp:
-        del samples["d1"], samples["d2"], samples["e1"], samples["e2"], samples["f"]
+        for name in ("d1", "d2", "e1", "e2", "g", "f"):
+            del samples[name]
     m = median_of(samples)
     ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"]}
     if not opts.skip_ddp:
         ratios["ddp speed-up"] = m["d2"] / m["d1"]
         ratios["ceiling e2/e1"] = m["e2"] / m["e1"]
-        ratios["ddp speed-up / ceiling"] = ratios["ddp speed-up"] / ratios["ceiling e2/e1"]
-        ratios["bare ddp f/e2"] = m["f"] / m["e2"]
+        ratios["synchronous ceiling g/e1"] = m["g"] / m["e1"]
+        ratios["ddp speed-up / synchronous ceiling"] = ratios["ddp speed-up"] / ratios["synchronous ceiling g/e1"]
+        ratios["lockstep wait g/e2"] = m["g"] / m["e2"]
+        ratios["gradient all-reduce f/g"] = m["f"] / m["g"]
         ratios["train.py ddp d2/f"] = m["d2"] / m["f"]
 
     begin = time.perf_counter()
@@ -389,17 +402,21 @@ def main(argv=None) -> None:
     print(f"batch-size table: {time.perf_counter() - begin:.0f} s", flush=True)
     begin = time.perf_counter()
 
-    help_s = statistics.median(wall_seconds([sys.executable, str(REPO / "train.py"), "--help"]) for _ in range(3))
-    # What --help cannot avoid: Lightning imports torchmetrics, whose package import pulls in torchvision.models
-    # and with it torch._dynamo (python -X importtime train.py --help shows the chain).
-    import_s = {module: statistics.median(wall_seconds([sys.executable, "-c", f"import {module}"]) for _ in range(3))
-                for module in ("torch", "lightning.pytorch")}
-    first_step_s = statistics.median(
-        wall_seconds([sys.executable, str(REPO / "train.py"), "--config", str(DEFAULT_CONFIG),
-                      "--accelerator", "cpu", "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0",
-                      "--test_after_fit", "false"])
-        for _ in range(3)
-    )
+    # Start-up costs, interleaved so that a slow minute of the VM does not land on one of them. What --help cannot
+    # avoid: Lightning imports torchmetrics, whose package import pulls in torchvision.models and with it
+    # torch._dynamo (python -X importtime train.py --help shows the chain).
+    startup_commands = {
+        "help": [sys.executable, str(REPO / "train.py"), "--help"],
+        "torch": [sys.executable, "-c", "import torch"],
+        "lightning.pytorch": [sys.executable, "-c", "import lightning.pytorch"],
+        "first step": [sys.executable, str(REPO / "train.py"), "--config", str(DEFAULT_CONFIG), "--accelerator", "cpu",
+                       "--trainer.max_steps", "1", "--trainer.limit_val_batches", "0", "--test_after_fit", "false"],
+    }
+    startup: Dict[str, List[float]] = {name: [] for name in startup_commands}
+    for _ in range(3):
+        for name, command in startup_commands.items():
+            startup[name].append(wall_seconds(command))
+    startup_s = median_of(startup)
     print(f"--help and start-up, 3 times each: {time.perf_counter() - begin:.0f} s", flush=True)
 
     lines = [
@@ -427,6 +444,8 @@ def main(argv=None) -> None:
             f"| e1 | ceiling: one bare loop, 1 thread | {m['e1']:.0f} ({spread(samples['e1'])}) |",
             f"| e2 | ceiling: two independent bare loops at once, 1 thread each (sum) | {m['e2']:.0f} "
             f"({spread(samples['e2'])}) |",
+            f"| g | the two bare loops in lockstep: one 4-byte all-reduce per step, no gradients (sum) | {m['g']:.0f} "
+            f"({spread(samples['g'])}) |",
             f"| f | bare loop under torch's DistributedDataParallel, 2 processes x 1 thread, gloo (all ranks) | "
             f"{m['f']:.0f} ({spread(samples['f'])}) |",
         ]
@@ -453,10 +472,11 @@ def main(argv=None) -> None:
     lines += [f"| {row[0]} | " + " | ".join(f"{v:.0f}" for v in row[1:]) + " |" for row in by_batch]
     if not torch.cuda.is_available():
         lines += ["", "GPU rows: no GPU on this machine (unverified)."]
-    lines += ["", f"`python train.py --help`: {help_s:.1f} s, of which `import torch` takes {import_s['torch']:.1f} s "
-                  f"and `import lightning.pytorch` (torch included) {import_s['lightning.pytorch']:.1f} s; start-up to "
-                  f"the end of the first optimizer step (`--trainer.max_steps 1 --trainer.limit_val_batches 0`, the "
-                  f"default config's logger and checkpoints): {first_step_s:.1f} s (medians of 3)."]
+    lines += ["", f"`python train.py --help`: {startup_s['help']:.1f} s; `python -c \"import torch\"`: "
+                  f"{startup_s['torch']:.1f} s; `import lightning.pytorch` (torch included): "
+                  f"{startup_s['lightning.pytorch']:.1f} s; start-up to the end of the first optimizer step "
+                  f"(`--trainer.max_steps 1 --trainer.limit_val_batches 0`, the default config's logger and "
+                  f"checkpoints): {startup_s['first step']:.1f} s (medians of 3, interleaved)."]
     report = "\n".join(lines)
     print("\n" + report)
     if opts.write:
