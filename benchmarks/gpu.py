@@ -38,7 +38,8 @@ VARIANTS = {
     "bf16-mixed": NCHW + ["--trainer.precision", "bf16-mixed"],
     "16-mixed": NCHW + ["--trainer.precision", "16-mixed"],
     "bf16-mixed + channels_last": ["--trainer.precision", "bf16-mixed"],
-    "bf16-mixed + channels_last + cudnn benchmark": ["--trainer.precision", "bf16-mixed", "--trainer.benchmark", "true"],
+    "bf16-mixed + channels_last + cudnn benchmark": ["--trainer.precision", "bf16-mixed",
+                                                     "--trainer.benchmark", "true"],
     "bf16-mixed + compile": NCHW + ["--trainer.precision", "bf16-mixed", "--model.compile", "true"],
     # What the default callbacks (divergence guard, LR monitor, checkpoints, memory) cost per step.
     "fp32, ThroughputReport the only callback": NCHW + ["--trainer.callbacks",
