@@ -12,10 +12,10 @@ PYTEST_ARGS ?=
 # pytest-xdist workers: most tests wait on train.py processes, so 2 keep 2 cores busy (0 runs them in one process)
 PYTEST_WORKERS ?= 2
 
-.PHONY: help train test bench tensorboard clean
+.PHONY: help train test test-unit bench tensorboard clean
 
 help:  ## list the targets
-	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,11 @@ $(STAMP): setup.cfg pyproject.toml
 train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds flags)
 	$(BIN)/python train.py $(ARGS)
 
-test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU)
+test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU): the CI command
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+test-unit: $(STAMP)  ## the unit tier only (tests/unit: no subprocess, no process group; under a minute): while editing
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 # Extra flags for the benchmark, e.g. make bench BENCH_ARGS="--network fast --repeats 5"
 BENCH_ARGS ?=

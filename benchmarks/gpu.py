@@ -12,9 +12,7 @@ The recipes' time to accuracy is ``benchmarks/recipe_runs.py`` with a GPU recipe
 import argparse
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -25,7 +23,9 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.speed import EPOCH_LINE, FIRST_STEP_LINE, machine, sgd_for, timed_steps  # noqa: E402
+from benchmarks.speed import FIRST_STEP_LINE, machine, sgd_for, timed_steps  # noqa: E402
+from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from cli import launch  # noqa: E402
 from lightning_modules.networks import build_network  # noqa: E402
 
 # train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory). The memory
@@ -81,13 +81,8 @@ def table(opts) -> List[str]:
 
 
 def train_py(args: List[str], timeout: float = 600) -> str:
-    with tempfile.TemporaryDirectory() as cwd:
-        command = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "default.yaml"), *args]
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    out = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise RuntimeError(f"train.py {' '.join(args)} exited {result.returncode}:\n{out[-3000:]}")
-    return out
+    finished = launch.run_in_scratch(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout)
+    return finished.stdout + finished.stderr
 
 
 def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
@@ -96,7 +91,7 @@ def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
     out = train_py(["--accelerator", "gpu", "--devices", "1", "--network", network, "--batch_size", str(batch),
                     "--epochs", str(epochs), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
                     "--test_after_fit", "false", *extra])
-    rates = {int(e): float(r) for e, r in EPOCH_LINE.findall(out)}
+    rates = {line.epoch: line.images_per_sec for line in parse_epoch_lines(out)}
     first = FIRST_STEP_LINE.search(out)
     return statistics.median(rates[e] for e in range(2, epochs + 1)), float(first.group(1)) if first else None
 

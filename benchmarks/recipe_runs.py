@@ -11,9 +11,7 @@ for a one-cycle recipe is the last epoch). Extra flags after ``--`` go to every 
 import argparse
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,25 +19,23 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
+from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from cli import launch  # noqa: E402
 
-EPOCH_LINE = re.compile(r"Epoch (\d+): Cumulative Time = ([\d.]+), Images/sec = ([\d.]+), Val Loss = [\d.na/]+, "
-                        r"Val Acc = ([\d.]+)")
 TEST_ACC = re.compile(r"test/acc\s*[│|]?\s*([\d.]+)")
 
 
 def one_run(recipe: str, seed: int, extra) -> dict:
-    with tempfile.TemporaryDirectory() as cwd:
-        started = time.perf_counter()
-        result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(Path(recipe).resolve()),
-                                 "--seed", str(seed), *extra], cwd=cwd, capture_output=True, text=True, timeout=3600)
-        wall = time.perf_counter() - started
-    out = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise SystemExit(f"seed {seed}: train.py exited {result.returncode}:\n{out[-3000:]}")
-    epochs = EPOCH_LINE.findall(out)
-    test = TEST_ACC.search(out)
-    return {"seed": seed, "epochs": len(epochs), "train_s": float(epochs[-1][1]),
-            "images_per_sec": statistics.median(float(e[2]) for e in epochs), "val_acc": float(epochs[-1][3]),
+    started = time.perf_counter()
+    try:
+        finished = launch.run_in_scratch(["--config", str(Path(recipe).resolve()), "--seed", str(seed), *extra], 3600)
+    except RuntimeError as error:
+        raise SystemExit(f"seed {seed}: {error}") from error
+    wall = time.perf_counter() - started
+    epochs = parse_epoch_lines(finished.stdout)
+    test = TEST_ACC.search(finished.stdout + finished.stderr)
+    return {"seed": seed, "epochs": len(epochs), "train_s": epochs[-1].cumulative_s,
+            "images_per_sec": statistics.median(e.images_per_sec for e in epochs), "val_acc": epochs[-1].val_acc,
             "test_acc": float(test.group(1)) if test else float("nan"), "wall_s": wall}
 
 

@@ -49,15 +49,16 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD, default_data_dir, torchvision_root  # noqa: E402
+from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from cli import launch  # noqa: E402
+from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
+from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
 from lightning_modules.networks import build_network  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.
 DEFAULT_CHANNELS_LAST = bool(yaml.safe_load(DEFAULT_CONFIG.read_text())["model"].get("channels_last", False))
 FORMAT = "NHWC" if DEFAULT_CHANNELS_LAST else "NCHW"
-EPOCH_LINE = re.compile(r"Epoch (\d+): Cumulative Time = [\d.]+, Images/sec = ([\d.]+)")
-EPOCH_TIME = re.compile(r"Epoch 1: Cumulative Time = ([\d.]+)")
 FIRST_STEP_LINE = re.compile(r"First training step: ([\d.]+) s")
 # train.py's speed options, each measured against (b) with --options; the memory format row is the one
 # train.py does not use by default.
@@ -214,7 +215,7 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
     from torchvision import transforms
     from torchvision.datasets import FashionMNIST
 
-    from datamodules.fashion_mnist import InMemoryImages
+    from datamodules.in_memory import InMemoryImages
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -243,16 +244,11 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
 
 def run_train(args: List[str], threads=None, timeout: float = 900) -> str:
     """train.py in a scratch folder with the default config; returns its output."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("OMP_NUM_THREADS", None)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    with tempfile.TemporaryDirectory() as cwd:
-        command = [sys.executable, str(REPO / "train.py"), "--config", str(DEFAULT_CONFIG), *args]
-        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if result.returncode != 0:
-        raise SystemExit(f"train.py {' '.join(args)} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
-    return result.stdout + result.stderr
+    try:
+        finished = launch.run_in_scratch(["--config", str(DEFAULT_CONFIG), *args], timeout, threads)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
+    return finished.stdout + finished.stderr
 
 
 def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
@@ -267,13 +263,13 @@ def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), t
     out = run_train(["--accelerator", "cpu", "--network", network, "--batch_size", str(batch), "--epochs", str(epochs),
                      "--trainer.limit_train_batches", str(steps), "--trainer.limit_val_batches", "0",
                      "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra], threads)
-    rates = {int(epoch): float(rate) for epoch, rate in EPOCH_LINE.findall(out)}
+    rates = {line.epoch: line.images_per_sec for line in parse_epoch_lines(out)}
     steady = [rates[e] for e in range(2, epochs + 1) if e in rates]
     if not steady:
         raise SystemExit(f"no epoch lines in train.py's output:\n{out[-2000:]}")
     if first_step:
         compiled = FIRST_STEP_LINE.search(out)
-        first_epoch_s = float(EPOCH_TIME.search(out).group(1))
+        first_epoch_s = parse_epoch_lines(out)[0].cumulative_s
         return statistics.median(steady), float(compiled.group(1)) if compiled else first_epoch_s
     return statistics.median(steady)
 

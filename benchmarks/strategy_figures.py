@@ -13,33 +13,30 @@ import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from cli import launch  # noqa: E402
+
 STATE = re.compile(r"Model state per rank: parameters ([\d.]+) MiB, optimizer state ([\d.]+) MiB")
-EPOCH = re.compile(r"Epoch (\d+): Cumulative Time = [\d.]+, Images/sec = ([\d.]+)")
 
 
 def train(args, threads=None) -> str:
     """Run train.py in a scratch folder; return its output (stdout and stderr)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("OMP_NUM_THREADS", None)
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    with tempfile.TemporaryDirectory() as cwd:
-        common = ["--accelerator", "cpu", "--test_after_fit", "false", "--trainer.enable_checkpointing", "false",
-                  "--trainer.callbacks", "callbacks.ThroughputReport", "--trainer.callbacks+=callbacks.PeakMemory",
-                  "--trainer.logger", "false"]
-        result = subprocess.run([sys.executable, str(REPO / "train.py"), *common, *args], cwd=cwd, env=env,
-                                capture_output=True, text=True, timeout=1800)
-    if result.returncode != 0:
-        raise SystemExit(f"train.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-    return result.stdout + result.stderr
+    common = ["--accelerator", "cpu", "--test_after_fit", "false", "--trainer.enable_checkpointing", "false",
+              "--trainer.callbacks", "callbacks.ThroughputReport", "--trainer.callbacks+=callbacks.PeakMemory",
+              "--trainer.logger", "false"]
+    try:
+        finished = launch.run_in_scratch([*common, *args], 1800, threads)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
+    return finished.stdout + finished.stderr
 
 
 def model_state(network: str, strategy: str, batch: int) -> tuple:
@@ -53,8 +50,7 @@ def model_state(network: str, strategy: str, batch: int) -> tuple:
 def images_per_sec(devices: int, strategy: str, batches: int, threads) -> float:
     out = train(["--strategy", strategy, "--devices", str(devices), "--epochs", "2", "--trainer.num_sanity_val_steps",
                  "0", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1"], threads)
-    rates = {int(epoch): float(rate) for epoch, rate in EPOCH.findall(out)}
-    return rates[2]
+    return next(line.images_per_sec for line in parse_epoch_lines(out) if line.epoch == 2)
 
 
 def main() -> None:

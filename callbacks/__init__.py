@@ -1,18 +1,10 @@
-"""Reporting and guarding callbacks: one concern per file, the arithmetic in plain classes the callbacks call."""
+"""The callbacks users list in YAML: throughput (the epoch line), memory, time to accuracy, predictions, stop at
+target. The arithmetic lives in plain classes the callbacks call. The always-on guards live in runtime/."""
 
-from callbacks.divergence import DivergenceGuard, TrainingDiverged
 from callbacks.memory import PeakMemory
 from callbacks.predictions import PredictionCSV
 from callbacks.stop_at_target import StopAtTarget
 from callbacks.throughput import ThroughputReport
 from callbacks.time_to_accuracy import TimeToAccuracy
 
-__all__ = [
-    "DivergenceGuard",
-    "PeakMemory",
-    "PredictionCSV",
-    "StopAtTarget",
-    "ThroughputReport",
-    "TimeToAccuracy",
-    "TrainingDiverged",
-]
+__all__ = ["PeakMemory", "PredictionCSV", "StopAtTarget", "ThroughputReport", "TimeToAccuracy"]

@@ -7,6 +7,7 @@ boundaries), the counts are gathered, and the global rate is all images of all
 ranks over the slowest rank's training time: what a user waits for.
 """
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
@@ -72,6 +73,8 @@ class EpochClock:
             self._paused_at = None
 
     def end_epoch(self) -> EpochTiming:
+        if self._epoch_start is None:  # resumed after the epoch's last batch: nothing of it was trained here
+            self.start_epoch()
         now = self._paused_at if self._paused_at is not None else self.clock()
         self.timing.seconds = now - self._epoch_start - self._paused_s
         self._epoch_start = None
@@ -106,7 +109,8 @@ def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1) -> Glob
 
 
 def format_epoch_line(epoch: int, cumulative_s: float, images_per_sec: float, val_loss, val_acc) -> str:
-    """The DLI workshop's per-epoch line, so figures can be compared with the course's."""
+    """The DLI workshop's per-epoch line, so figures can be compared with the course's; :func:`parse_epoch_lines`
+    reads it back."""
 
     def num(value) -> str:
         return "n/a" if value is None else f"{float(value):.3f}"
@@ -115,6 +119,28 @@ def format_epoch_line(epoch: int, cumulative_s: float, images_per_sec: float, va
         f"Epoch {epoch}: Cumulative Time = {cumulative_s:.3f}, Images/sec = {images_per_sec:.2f}, "
         f"Val Loss = {num(val_loss)}, Val Acc = {num(val_acc)}"
     )
+
+
+@dataclass(frozen=True)
+class EpochLine:
+    epoch: int
+    cumulative_s: float
+    images_per_sec: float
+    val_loss: Optional[float]  # None: no validation ran ("n/a")
+    val_acc: Optional[float]
+
+
+EPOCH_LINE = re.compile(r"^Epoch (\d+): Cumulative Time = ([\d.]+), Images/sec = ([\d.]+), "
+                        r"Val Loss = ([\d.]+|nan|n/a), Val Acc = ([\d.]+|nan|n/a)$", re.MULTILINE)
+
+
+def parse_epoch_lines(text: str) -> List[EpochLine]:
+    """Every epoch line in ``text`` (a run's stdout), in order: the one parser of :func:`format_epoch_line`."""
+
+    def num(value: str) -> Optional[float]:
+        return None if value == "n/a" else float(value)
+
+    return [EpochLine(int(m[1]), float(m[2]), float(m[3]), num(m[4]), num(m[5])) for m in EPOCH_LINE.finditer(text)]
 
 
 def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
@@ -186,11 +212,10 @@ class ThroughputReport(Callback):
         local = torch.tensor(
             [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s], dtype=torch.float64
         )
-        gathered = trainer.strategy.all_gather(local.to(trainer.strategy.root_device)).cpu().reshape(-1, 4)
-        result = combine_ranks(
-            [EpochTiming(int(r[0]), float(r[1]), float(r[2]), float(r[3])) for r in gathered],
-            devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1),
-        )
+        rows = trainer.strategy.all_gather(local.to(trainer.strategy.root_device)).reshape(-1, 4).tolist()
+        plan = getattr(pl_module, "batch_plan", None)  # a model of ours: dp drives several devices per process
+        result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
+                               devices_per_rank=plan.devices_per_process if plan is not None else 1)
         self.cumulative_s += result.epoch_s
         metrics = {
             "throughput/images_per_sec": result.images_per_sec,

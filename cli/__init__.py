@@ -1,1 +1,2 @@
-"""The command line around LightningCLI: shorthand flags, default subcommand, one-line errors and exit codes."""
+"""The command line: train.py's LightningCLI (app), its shorthand flags (shorthand), the pre-launch checks (checks),
+and the one way to run train.py as a subprocess (launch)."""

@@ -1,9 +1,8 @@
-"""Checks of the user's input that Lightning and jsonargparse do not make, each failing with one line.
+"""Pre-launch checks of the user's input that Lightning and jsonargparse do not make, each failing with one line.
 
-Plain functions of plain values (no Trainer), so tests can call them with any machine's
-counts. train.py calls them before anything is instantiated (devices, accumulation, config
-files) or, for what needs the instantiated objects (output folders, ``--ckpt_path last``),
-before the launcher starts a process or creates a process group.
+Plain functions of plain values where possible, so tests can call them with any machine's counts.
+The CLI calls them before anything is instantiated (:func:`check_config`, config files) or, for the
+output folders, before the launcher starts a process or creates a process group.
 
 ``--devices``, decided here and documented in the README:
 
@@ -18,9 +17,11 @@ import os
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Union
 
+import torch
 import yaml
 
-from cli.errors import ConfigError, OutputNotWritableError
+from runtime.errors import ConfigError, OutputNotWritableError
+from strategies import LAYERWISE_OPTIMIZERS, NO_GPU_MESSAGE, is_fsdp
 
 DEVICES_KEY = "trainer.devices (--devices)"
 
@@ -80,6 +81,41 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
             raise ConfigError(f"{DEVICES_KEY} is {parsed}, more GPUs than are visible: {visible}; {allowed}")
 
 
+def resolved_accelerator(accelerator, cuda: Optional[bool] = None) -> Optional[str]:
+    """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object from a config."""
+    if not isinstance(accelerator, str):
+        return None
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    accelerator = accelerator.lower()
+    if accelerator == "auto":
+        mps = getattr(torch.backends, "mps", None)
+        return "cuda" if cuda else "mps" if mps is not None and mps.is_available() else "cpu"
+    return "cuda" if accelerator == "gpu" and cuda else accelerator
+
+
+def check_config(config) -> None:
+    """The subcommand's parsed config: what would fail late or silently. ``--strategy fsdp`` on CPU becomes our gloo
+    FSDP (``fsdp_cpu``; Lightning refuses CPU)."""
+    trainer = config.trainer
+    max_epochs = trainer.max_epochs
+    if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
+        raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
+    accelerator = resolved_accelerator(trainer.accelerator)
+    if str(trainer.strategy).lower() == "dp":
+        if not torch.cuda.is_available():
+            raise ConfigError(NO_GPU_MESSAGE)
+    elif accelerator in ("cpu", "cuda"):
+        check_devices(trainer.devices, accelerator, os.cpu_count(),
+                      torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if trainer.strategy == "fsdp" and accelerator == "cpu":
+        trainer.strategy = "fsdp_cpu"
+    optimizer = config.model.optimizer
+    if is_fsdp(trainer.strategy) and optimizer in LAYERWISE_OPTIMIZERS:
+        raise ConfigError(f"--optimizer {optimizer} computes per-layer norms, but fsdp gives each rank only a slice of "
+                          f"a layer; use --strategy ddp with {optimizer}, or sgd/adamw with fsdp")
+    check_at_least_one("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
+
+
 def check_at_least_one(key: str, value) -> None:
     """Counts Lightning accepts but cannot run with (``accumulate_grad_batches 0`` divides by zero)."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -134,6 +170,15 @@ def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
                 return f"{candidate} is not writable"
             return None
     return None
+
+
+def check_outputs(trainer, subcommand: str) -> None:
+    """The log folder (and for fit the checkpoint folders) can be created and written; nothing is created here."""
+    folders = [("trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)) for logger in trainer.loggers]
+    if subcommand == "fit":
+        folders += [("ModelCheckpoint dirpath (trainer.callbacks)", getattr(callback, "dirpath", None))
+                    for callback in trainer.checkpoint_callbacks]
+    check_writable(folders)
 
 
 def check_writable(folders: Iterable[tuple]) -> None:

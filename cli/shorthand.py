@@ -9,6 +9,8 @@ order and a later one wins.
 
 from typing import Dict, List, Optional, Sequence
 
+from runtime.errors import ShorthandError
+
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 # The fixed, documented set of shorthand flags (README, "Command line"): full key and an example value.
@@ -35,10 +37,6 @@ SHORTHAND: Dict[str, str] = {short: full for short, (full, _) in SHORTHAND_TABLE
 EXAMPLE: Dict[str, str] = {
     flag: example for short, (full, example) in SHORTHAND_TABLE.items() for flag in (short, full)
 }
-
-
-class ShorthandError(ValueError):
-    """The command line cannot be rewritten; the message says which flag and what to do."""
 
 
 def _split(token: str):

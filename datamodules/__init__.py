@@ -1,6 +1,5 @@
 """Fashion-MNIST data: files, splits, distributed sampling, fast batches."""
 
-from datamodules.fashion_mnist import DataNotFoundError, FashionMNISTDataModule
-from datamodules.idx_check import CorruptDataError
+from datamodules.fashion_mnist import FashionMNISTDataModule
 
-__all__ = ["CorruptDataError", "DataNotFoundError", "FashionMNISTDataModule"]
+__all__ = ["FashionMNISTDataModule"]

@@ -11,84 +11,25 @@ normalisation run batched.
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 from torchvision.datasets import FashionMNIST
 
 from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
-from datamodules.idx_check import check_raw_folder
+from datamodules.files import check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder, torchvision_root
+from datamodules.in_memory import Batch, InMemoryImages, already_batched
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
-from strategies.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
+from runtime.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
 
-DATA_DIR_ENV = "FASHION_MNIST_DIR"
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
 PIXEL_MEAN = 0.2860
 PIXEL_STD = 0.3530
-RAW_FILES = (
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
-)
-
-Batch = Tuple[torch.Tensor, torch.Tensor]
-
-
-class DataNotFoundError(FileNotFoundError):
-    """The IDX files are missing and could not be downloaded; the message says where and what to do."""
-
-
-def default_data_dir() -> str:
-    """``$FASHION_MNIST_DIR`` if set, else ``./data``."""
-    return os.environ.get(DATA_DIR_ENV) or "data"
-
-
-def torchvision_root(data_dir: str) -> Path:
-    """The folder torchvision expects (it holds ``FashionMNIST/raw``), also when given that folder or ``raw`` itself."""
-    path = Path(data_dir).expanduser()
-    if path.name == "raw" and path.parent.name == FashionMNIST.__name__:
-        return path.parent.parent
-    if path.name == FashionMNIST.__name__:
-        return path.parent
-    return path
-
-
-class InMemoryImages(Dataset):
-    """Images (N×28×28 uint8) and labels held as tensors; ``__getitems__`` serves a whole batch in one gather."""
-
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
-        self.images = images.unsqueeze(1).contiguous()  # N×1×28×28, still uint8
-        self.targets = targets
-
-    def to(self, device: torch.device) -> "InMemoryImages":
-        """Move the split (47 MB for the training set) to ``device`` once; later batches are gathered there."""
-        self.images = self.images.to(device)
-        self.targets = self.targets.to(device)
-        return self
-
-    @property
-    def device(self) -> torch.device:
-        return self.images.device
-
-    def __len__(self) -> int:
-        return len(self.targets)
-
-    def __getitem__(self, index: int) -> Batch:
-        return self.images[index], self.targets[index]
-
-    def __getitems__(self, indices: Sequence[int]) -> Batch:
-        index = torch.as_tensor(indices, device=self.images.device)
-        return self.images[index], self.targets[index]
-
-
-def already_batched(batch: Batch) -> Batch:
-    """``collate_fn`` for :class:`InMemoryImages`: ``__getitems__`` has already built the batch."""
-    return batch
 
 
 class FashionMNISTDataModule(LightningDataModule):
@@ -145,61 +86,26 @@ class FashionMNISTDataModule(LightningDataModule):
 
     @property
     def raw_folder(self) -> Path:
-        return torchvision_root(self.data_dir) / FashionMNIST.__name__ / "raw"
+        return raw_folder(self.data_dir)
 
     def missing_files(self) -> list:
-        # os.path.isfile, not Path.is_file: a folder we may not enter counts as missing instead of raising.
-        return [name for name in RAW_FILES if not os.path.isfile(self.raw_folder / name)]
-
-    def _unreadable_folder(self) -> Optional[Path]:
-        """The first folder from data_dir down to ``raw`` that exists but cannot be listed or entered."""
-        root = torchvision_root(self.data_dir)
-        for path in (root, root / FashionMNIST.__name__, self.raw_folder):
-            if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
-                return path
-        return None
+        return missing_files(self.data_dir)
 
     def prepare_data(self) -> None:
-        """Runs once per node (local rank 0), before any worker starts: download missing files when allowed,
-        then check all four (size, magic number, 28×28, as many labels as images, labels 0..9)."""
+        """Once per node (local rank 0), before any worker starts: download missing files when allowed, then check
+        all four (datamodules/files.py)."""
         missing = self.missing_files()
         if missing:
-            self._download_or_raise(missing, self.download)
-        self.check_files()
-
-    def _download_or_raise(self, missing: list, download: bool) -> None:
-        unreadable = self._unreadable_folder()
-        if unreadable is not None:
-            raise DataNotFoundError(
-                f"cannot read the folder {unreadable.resolve()} (permission denied): make it readable "
-                f"(chmod a+rX) or point --data.data_dir or ${DATA_DIR_ENV} at a readable copy of FashionMNIST/raw."
-            )
-        reason = "download is disabled (--data.download false)"
-        if download:
-            try:
-                for train in (True, False):
-                    FashionMNIST(str(torchvision_root(self.data_dir)), train=train, download=True)
-                return
-            except Exception as error:  # torchvision raises RuntimeError/URLError/OSError per mirror
-                reason = f"download failed ({type(error).__name__}: {' '.join(str(error).split())[:200]})"
-        raise DataNotFoundError(
-            f"Fashion-MNIST not found in {self.raw_folder.resolve()}: missing {', '.join(missing)} and {reason}. "
-            f"Put the four IDX files ({', '.join(RAW_FILES)}) there, or point --data.data_dir "
-            f"or ${DATA_DIR_ENV} at a folder that holds FashionMNIST/raw."
-        )
-
-    def check_files(self) -> None:
-        """Raises :class:`CorruptDataError` naming the first damaged file (datamodules/idx_check.py)."""
+            download_or_raise(self.data_dir, missing, self.download)
         check_raw_folder(self.raw_folder.resolve())
 
     def setup(self, stage: str) -> None:
         """Every rank checks the files again (headers and labels: a few KB) and reads them into memory (47 MB)."""
         if self.train_set is None or self.test_set is None:
             missing = self.missing_files()
-            if missing:
-                # prepare_data ran on another node's file system, or not at all (e.g. validate without fit).
-                self._download_or_raise(missing, download=False)
-            self.check_files()
+            if missing:  # prepare_data ran on another node's file system, or not at all (e.g. validate without fit)
+                download_or_raise(self.data_dir, missing, download=False)
+            check_raw_folder(self.raw_folder.resolve())
         root = str(torchvision_root(self.data_dir))
         if stage == "fit" and self.train_set is None:
             train = FashionMNIST(root, train=True, download=False)
@@ -228,7 +134,7 @@ class FashionMNISTDataModule(LightningDataModule):
                 loader_class=DataLoader) -> DataLoader:
         workers = {}
         if self.num_workers > 0:
-            # torch waits forever for a stalled worker; here half the collective timeout (strategies/lifetime.py).
+            # torch waits forever for a stalled worker; here half the collective timeout (runtime/lifetime.py).
             workers = dict(timeout=data_worker_timeout(), worker_init_fn=init_data_worker)
             kill_stuck_workers_at_exit()
         return loader_class(
@@ -248,13 +154,20 @@ class FashionMNISTDataModule(LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _process_batch(self, per_device: int) -> int:
-        """Images per loader batch in this process: the per-device batch × the devices it drives.
+    @property
+    def train_images(self) -> int:
+        """Images in the training split after ``setup("fit")`` (what the sampler shards): the batch plan's input."""
+        return len(self.train_set)
 
-        One everywhere but ``dp``, whose single process splits each batch over its GPUs.
-        """
-        strategy = self.trainer.strategy if self.trainer is not None else None
-        return per_device * getattr(strategy, "devices_per_process", 1)
+    def _process_batch(self, per_device: int) -> int:
+        """Images per loader batch in this process, from the model's batch plan (``dp`` drives several GPUs from one
+        process); a model without a plan gets ``per_device``."""
+        plan = getattr(self.trainer.lightning_module, "batch_plan", None) if self.trainer is not None else None
+        if plan is not None and plan.batch_size_per_device != self.batch_size:
+            raise MisconfigurationException(
+                f"data.batch_size ({self.batch_size}) and model.batch_size ({plan.batch_size_per_device}) differ: the "
+                f"loader and the learning-rate rule must use one batch; give both the same (the CLI links them)")
+        return per_device if plan is None else plan.loader_batch(per_device)
 
     def train_dataloader(self) -> DataLoader:
         """Disjoint shards, reshuffled each epoch, in an order that does not depend on the world size.

@@ -7,7 +7,7 @@ read from the run's own records, never recomputed:
 * ``runs/fashion_mnist/version_0/time_to_accuracy.csv``: epoch, cumulative training seconds, val acc, val loss;
 * ``runs/fashion_mnist/version_0/hparams.yaml``: the derived numbers of the start block (effective
   batch, scaled lr, warm-up steps, optimizer, world size);
-* rank 0's epoch lines on stdout (``Images/sec = ...``) and the exit code (70: DivergenceGuard).
+* rank 0's epoch lines on stdout (``Images/sec = ...``) and the exit code (70: training diverged).
 
 Ranks: ``devices`` processes per run. Up to ``max_ranks_per_node`` (default: this machine's
 cores, the most ``--devices`` accepts on CPU, cli/checks.py) they are one ``train.py --strategy
@@ -22,7 +22,7 @@ runs with ``OMP_NUM_THREADS=1`` (``--threads``): one process stands for one devi
 
 Verdicts (``verdict``), stated so a table can be read without this file:
 
-* diverged: exit code 70 (DivergenceGuard: non-finite loss, gradient or weights, or val acc at
+* diverged: exit code 70 (runtime/divergence.py: non-finite loss, gradient or weights, or val acc at
   chance an epoch after warm-up), or a non-finite val loss or val acc in the record;
 * degraded: best val acc more than ``margin`` (default 0.02) below the best run of the same table;
 * converged: otherwise (within ``margin`` of the best run at this budget: not "trained to the end");
@@ -32,11 +32,8 @@ Verdicts (``verdict``), stated so a table can be read without this file:
 import csv
 import math
 import os
-import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -45,15 +42,15 @@ from typing import List, Optional, Sequence
 
 import yaml
 
+from callbacks.throughput import parse_epoch_lines
+from cli import launch
+from runtime.errors import ExitCode
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
 RECIPES = REPO / "configs" / "recipes"
-DIVERGED_EXIT = 70  # cli/errors.py ExitCode.DIVERGED
+DIVERGED_EXIT = int(ExitCode.DIVERGED)
 RUN_FOLDER = Path("runs") / "fashion_mnist" / "version_0"  # every run starts in an empty folder
-EPOCH_LINE = re.compile(r"^Epoch (\d+): Cumulative Time = ([\d.]+), Images/sec = ([\d.]+)", re.MULTILINE)
-# Variables of an outer launcher that would change how a child finds its rank and peers.
-LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
 
 @dataclass
@@ -152,12 +149,6 @@ def nodes_for(devices: int, max_ranks_per_node: int) -> int:
     return devices
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def commands(spec: RunSpec, budget: Budget, max_ranks_per_node: int) -> List[List[str]]:
     """The command line(s) of one run: one train.py, or one torchrun per "node"."""
     recipe = ["--config", str(RECIPES / f"{spec.recipe}.yaml")] if spec.recipe else []
@@ -166,25 +157,11 @@ def commands(spec: RunSpec, budget: Budget, max_ranks_per_node: int) -> List[Lis
     common = [*recipe, "--accelerator", "cpu", *budget.flags(), *spec.flags]
     if k == 1:
         strategy = ["--strategy", "ddp", "--devices", str(per_node)] if per_node > 1 else ["--devices", "1"]
-        return [[sys.executable, str(TRAIN_PY), *common, *strategy]]
-    port = str(free_port())
-    return [[sys.executable, "-m", "torch.distributed.run", "--nnodes", str(k), "--nproc_per_node", str(per_node),
+        return [[str(TRAIN_PY), *common, *strategy]]
+    port = str(launch.free_port())
+    return [["-m", "torch.distributed.run", "--nnodes", str(k), "--nproc_per_node", str(per_node),
              "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", port, str(TRAIN_PY), *common,
              "--strategy", "ddp", "--devices", str(per_node), "--num_nodes", str(k)] for node in range(k)]
-
-
-def _stop(procs: Sequence[subprocess.Popen], grace_s: float = 10.0) -> None:
-    """SIGTERM each started process's group (torchrun passes it to its workers), SIGKILL after ``grace_s``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.2)
 
 
 def read_rows(path: Path) -> List[dict]:
@@ -213,33 +190,23 @@ def run(spec: RunSpec, budget: Budget, out_dir: Path, max_ranks_per_node: Option
 
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
-    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(budget.threads))
+    env = launch.clean_env({"OMP_NUM_THREADS": str(budget.threads)}, keep_data_dir=True)
     argvs = commands(spec, budget, max_ranks_per_node or os.cpu_count() or 1)
-    (folder / "command.txt").write_text("\n".join(" ".join(argv) for argv in argvs) + "\n")
+    (folder / "command.txt").write_text("\n".join(" ".join(["python", *argv]) for argv in argvs) + "\n")
     started = time.monotonic()
-    procs = []
-    for i, argv in enumerate(argvs):
-        with open(folder / f"stdout{i}.txt", "w") as out, open(folder / f"stderr{i}.txt", "w") as err:
-            procs.append(subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=err,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
-    try:
-        deadline = started + budget.timeout_s
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    finally:
-        _stop(procs)
+    jobs = launch.start_all([(f"node{i}", argv, folder, env) for i, argv in enumerate(argvs)], folder / "logs")
+    launch.wait_all(jobs, budget.timeout_s)  # stops every job (and what it started) at the deadline
     wall = time.monotonic() - started
-    codes = [p.returncode for p in procs]
-    # Node 0's code decides (DivergenceGuard's 70 comes from rank 0's process); a timeout counts as a failure.
+    codes = [job.returncode for job in jobs]
+    # Node 0's code decides (exit 70 comes from rank 0's process); a timeout (killed: negative) counts as a failure.
     code = codes[0] if all(c is not None and c >= 0 for c in codes) else -1
     if code == 0 and any(codes):
         code = next(c for c in codes if c)
-    stdout = (folder / "stdout0.txt").read_text(errors="replace")
-    stderr = "".join((folder / f"stderr{i}.txt").read_text(errors="replace") for i in range(len(argvs)))
+    stdout = jobs[0].stdout
+    stderr = "".join(job.stderr for job in jobs)
     result = RunResult(spec, code, wall, read_rows(folder / RUN_FOLDER / "time_to_accuracy.csv"),
                        read_summary(folder / RUN_FOLDER / "hparams.yaml"),
-                       [float(m.group(3)) for m in EPOCH_LINE.finditer(stdout)], stderr[-3000:])
+                       [line.images_per_sec for line in parse_epoch_lines(stdout)], stderr[-3000:])
     best = "n/a" if result.best_acc is None else f"{result.best_acc:.4f}"
     log(f"  {spec.name}: exit {code}, best val acc {best}, {wall:.0f} s", flush=True)
     if code not in (0, DIVERGED_EXIT):
@@ -363,7 +330,7 @@ def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
 
 
 def exit_status(results: Sequence[RunResult]) -> int:
-    """0 when every run finished or was stopped by DivergenceGuard (a result), else 1."""
+    """0 when every run finished or was stopped as diverged (a result), else 1."""
     return 0 if all(r.returncode in (0, DIVERGED_EXIT) for r in results) else 1
 
 
@@ -373,7 +340,7 @@ def data_text(budget: Budget) -> str:
 
 
 def verdict_text(margin: float) -> str:
-    return (f"Verdicts: diverged = exit 70 (DivergenceGuard) or a non-finite val loss/acc; degraded = best val acc "
+    return (f"Verdicts: diverged = exit 70 (training diverged) or a non-finite val loss/acc; degraded = best val acc "
             f"more than {margin:g} below the best run of the table; converged = within {margin:g} of it. Seconds are "
             "training time (validation excluded), images/sec (all ranks) the median of the epoch lines.")
 

@@ -19,25 +19,19 @@ from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_modules.batch_plan import BatchPlan, format_plan
 from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
 from lightning_modules.networks import NUM_CLASSES, build_network
-from lightning_modules.optim import (
-    OptimizerName,
-    ScalingRule,
-    ScheduleName,
-    add_gradient_noise,
-    build_optimizer,
-    effective_batch_size,
-    lr_factor,
-    param_groups,
-    scale_lr,
-)
+from lightning_modules.optim import (OptimizerName, ScalingRule, ScheduleName, add_gradient_noise, build_optimizer,
+                                     lr_factor, param_groups)
+from runtime import compat
 
 
 class FashionMNISTClassifier(LightningModule):
     """Cross-entropy classifier whose learning rate follows the effective batch.
 
     Args:
+        batch_size: Images per device per step: linked from ``data.batch_size`` by the CLI (one value).
         network: ``cnn`` (small, fast on CPU), ``fast_cnn`` (a quarter of cnn's work: CPU time-to-accuracy),
             ``gpu_cnn`` (six times cnn's work, which a GPU barely notices: GPU time-to-accuracy),
             ``mlp`` (no batch-norm or dropout: ddp-equivalence checks),
@@ -52,7 +46,7 @@ class FashionMNISTClassifier(LightningModule):
         schedule: After warm-up: ``constant``, ``cosine`` (to zero at the last step) or ``step``.
         lr_step_epochs: For ``step``: epochs between decays.
         lr_gamma: For ``step``: factor applied at each decay.
-        momentum: Momentum for ``sgd`` and ``lars``.
+        momentum: Momentum for ``sgd`` and ``lars``, 0 <= momentum < 1.
         nesterov: Nesterov momentum for ``sgd`` and ``lars`` (needs momentum > 0).
         weight_decay: Decoupled for adamw, L2 otherwise; never applied to biases or norm weights.
         label_smoothing: Cross-entropy label smoothing.
@@ -74,6 +68,7 @@ class FashionMNISTClassifier(LightningModule):
 
     def __init__(
         self,
+        batch_size: PositiveInt = 128,
         network: Literal["cnn", "fast_cnn", "gpu_cnn", "mlp", "wrn", "resnet18"] = "cnn",
         optimizer: OptimizerName = "sgd",
         base_lr: PositiveFloat = 0.05,
@@ -106,7 +101,10 @@ class FashionMNISTClassifier(LightningModule):
                 raise MisconfigurationException(f"model.{key} must be a finite number, got {value}")
         if label_smoothing > 1:
             raise MisconfigurationException(f"model.label_smoothing must be between 0 and 1, got {label_smoothing}")
-        self.save_hyperparameters()
+        if momentum >= 1:
+            raise MisconfigurationException(f"model.momentum must be >= 0 and < 1 (e.g. 0.9), got {momentum}")
+        self.save_hyperparameters(ignore=["batch_size"])  # the data's setting, logged with the batch plan
+        self.batch_size = batch_size
         self.net = build_network(network, NUM_CLASSES)
         if ghost_batch_size is not None:
             use_ghost_batch_norm(self.net, ghost_batch_size)
@@ -117,9 +115,11 @@ class FashionMNISTClassifier(LightningModule):
         self._compiled_net = None
         self.val_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=NUM_CLASSES, average="micro")
-        self.val_loss = MeanMetric()
-        self.test_loss = MeanMetric()
-        self.run_summary: Dict[str, Any] = {}
+        # No NaN check: it reads a flag back to the host per batch; a NaN loss shows as a NaN mean.
+        self.val_loss = MeanMetric(nan_strategy="disable")
+        self.test_loss = MeanMetric(nan_strategy="disable")
+        self.batch_plan: Optional[BatchPlan] = None
+        self.run_facts: Dict[str, Any] = {}
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         images = images.contiguous(memory_format=self.memory_format)
@@ -181,68 +181,47 @@ class FashionMNISTClassifier(LightningModule):
 
     # ------------------------------------------------------------------ optimizer and learning rate
 
-    def _per_device_batch(self) -> int:
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None and hasattr(datamodule, "batch_size"):
-            return int(datamodule.batch_size)
-        return int(self.trainer.train_dataloader.batch_size)
+    def setup(self, stage: str) -> None:
+        """The batch plan, once the trainer knows the world and the data module its training images."""
+        trainer, hp = self.trainer, self.hparams
+        datamodule = getattr(trainer, "datamodule", None)
+        self.batch_plan = BatchPlan.build(
+            batch_size_per_device=self.batch_size, devices=trainer.num_devices, num_nodes=trainer.num_nodes,
+            world_size=trainer.world_size, accumulate=trainer.accumulate_grad_batches,
+            devices_per_process=getattr(trainer.strategy, "devices_per_process", 1), base_lr=hp.base_lr,
+            base_batch_size=hp.base_batch_size, lr_scaling=hp.lr_scaling, warmup_epochs=hp.warmup_epochs,
+            train_images=getattr(datamodule, "train_images", None) if stage == "fit" else None,
+            limit_train_batches=trainer.limit_train_batches, max_epochs=trainer.max_epochs, max_steps=trainer.max_steps)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        trainer = self.trainer
-        per_device = self._per_device_batch()
-        effective = effective_batch_size(per_device, trainer.num_devices, trainer.num_nodes, trainer.accumulate_grad_batches)
-        base_batch = hp.base_batch_size or per_device
-        lr = scale_lr(hp.base_lr, base_batch, effective, hp.lr_scaling)
-
-        total_steps = int(trainer.estimated_stepping_batches) if math.isfinite(trainer.estimated_stepping_batches) else 0
-        epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
-        steps_per_epoch = max(1, total_steps // epochs) if epochs and total_steps else 1
-        warmup_steps = round(hp.warmup_epochs * steps_per_epoch)
-
+        hp, plan = self.hparams, self.batch_plan
         optimizer = build_optimizer(
-            hp.optimizer, param_groups(self, hp.weight_decay), lr=lr, momentum=hp.momentum, nesterov=hp.nesterov
-        )
+            hp.optimizer, param_groups(self, hp.weight_decay), lr=plan.scaled_lr, momentum=hp.momentum,
+            nesterov=hp.nesterov)
         factor = partial(
             lr_factor,
-            warmup_steps=warmup_steps,
-            warmup_start_factor=(hp.warmup_start_lr or hp.base_lr) / lr,
-            total_steps=total_steps,
+            warmup_steps=plan.warmup_steps,
+            warmup_start_factor=(hp.warmup_start_lr or hp.base_lr) / plan.scaled_lr,
+            total_steps=plan.total_steps,
             schedule=hp.schedule,
-            step_size=max(1, round(hp.lr_step_epochs * steps_per_epoch)),
+            step_size=max(1, round(hp.lr_step_epochs * max(plan.steps_per_epoch, 1))),
             gamma=hp.lr_gamma,
         )
-        strategy = trainer.strategy
-        backend = getattr(strategy, "process_group_backend", None) or "none"
-        self.run_summary = {
-            "world_size": trainer.world_size,
-            "devices": trainer.num_devices,
-            "num_nodes": trainer.num_nodes,
-            "accelerator": type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
+        strategy = self.trainer.strategy
+        self.run_facts = {
+            "accelerator": type(self.trainer.accelerator).__name__.replace("Accelerator", "").lower(),
             "strategy": strategy_label(strategy),
-            "backend": backend,
-            "batch_size_per_device": per_device,
-            "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            "effective_batch_size": effective,
-            "base_batch_size": base_batch,
-            "base_lr": hp.base_lr,
-            "lr_scaling": hp.lr_scaling,
-            "scaled_lr": lr,
-            "warmup_steps": warmup_steps,
-            "steps_per_epoch": steps_per_epoch,
-            "schedule": hp.schedule,
-            "optimizer": hp.optimizer,
+            "backend": getattr(strategy, "process_group_backend", None) or "none",
         }
-        rank_zero_info(format_run_summary(self.run_summary))
+        rank_zero_info(format_plan(plan, optimizer=hp.optimizer, schedule=hp.schedule, **self.run_facts))
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"},
         }
 
     def on_fit_start(self) -> None:
-        """Log the derived run facts (world size, effective batch, scaled lr...) with the hyperparameters."""
-        params = {**self.hparams, **self.run_summary}
-        params.pop("_instantiator", None)
+        """Log the plan's numbers (world size, effective batch, scaled lr...) with the hyperparameters."""
+        params = compat.public_hparams({**self.hparams, **self.batch_plan.as_dict(), **self.run_facts})
         for logger in self.loggers:
             logger.log_hyperparams(params)  # hparams.yaml
             if isinstance(logger, TensorBoardLogger) and self.trainer.is_global_zero:
@@ -259,31 +238,7 @@ def strategy_label(strategy) -> str:
 
 
 def write_tensorboard_hparams(logger: TensorBoardLogger, params: Dict[str, Any], metrics) -> None:
-    """Fill TensorBoard's HPARAMS tab, its columns tied to scalar tags the run logs anyway.
-
-    ``TensorBoardLogger.log_hyperparams(params, metrics)`` would also write each
-    metric as a scalar at step 0, a fake point at the start of every curve.
-    """
+    """Fill TensorBoard's HPARAMS tab, its columns tied to scalar tags the run logs anyway (``log_hyperparams`` with
+    metrics would write each metric as a fake scalar at step 0)."""
     clean = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
-    writer = logger.experiment._get_file_writer()
-    for summary in tensorboard_hparams(clean, {name: 0.0 for name in metrics}):
-        writer.add_summary(summary)
-
-
-def format_run_summary(summary: Dict[str, Any]) -> str:
-    """The block rank 0 prints before training: the numbers users otherwise have to derive by hand."""
-    s = summary
-    return "\n".join(
-        [
-            "Run configuration",
-            f"  world size      : {s['world_size']} ({s['devices']} device(s) x {s['num_nodes']} node(s), "
-            f"{s['accelerator']}, strategy {s['strategy']}, backend {s['backend']})",
-            f"  batch           : {s['batch_size_per_device']} per device x {s['devices']} x {s['num_nodes']} "
-            f"x accumulate {s['accumulate_grad_batches']} = effective {s['effective_batch_size']}",
-            f"  learning rate   : base {s['base_lr']:g} at batch {s['base_batch_size']} -> {s['scaled_lr']:g} "
-            f"({s['lr_scaling']} scaling)",
-            f"  warm-up         : {s['warmup_steps']} optimizer steps ({s['steps_per_epoch']} per epoch), "
-            f"then {s['schedule']}",
-            f"  optimizer       : {s['optimizer']}",
-        ]
-    )
+    compat.write_tensorboard_summaries(logger, tensorboard_hparams(clean, {name: 0.0 for name in metrics}))

@@ -3,7 +3,6 @@
 These are the numbers users of data-parallel training fight with, so they live
 here, free of Lightning, where tests can pin them down:
 
-* effective batch = per-device batch × devices × nodes × gradient accumulation;
 * lr = base_lr × f(effective batch / base_batch_size), f = 1, x or √x;
 * warm-up ramps linearly from base_lr to that lr, one step per optimizer step,
   then the schedule (constant, cosine to zero, or step decay) takes over;
@@ -20,11 +19,6 @@ from torch import nn
 OptimizerName = Literal["sgd", "adamw", "novograd", "lamb", "lars"]
 ScalingRule = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["constant", "cosine", "step"]
-
-
-def effective_batch_size(per_device: int, devices: int = 1, num_nodes: int = 1, accumulate: int = 1) -> int:
-    """Images that contribute to one optimizer step, summed over every device and accumulation step."""
-    return per_device * devices * num_nodes * accumulate
 
 
 def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: ScalingRule) -> float:

@@ -1,21 +1,17 @@
-"""Strategies Lightning 2.x lacks, registered in Lightning's StrategyRegistry on import.
-
-``dp``: Lightning 2.0 removed DataParallel; this brings it back for one process over several GPUs.
-``fsdp`` / ``fsdp_cpu``: Lightning's FSDP, fixed for test-after-fit and able to run on CPU over
-gloo (Lightning refuses that), so sharding runs and is tested on any machine. train.py picks
-``fsdp_cpu`` for ``--strategy fsdp`` on CPU.
-"""
+"""Strategies Lightning 2.x lacks, registered in Lightning's StrategyRegistry: ``dp`` (removed in Lightning 2.0) and
+``fsdp`` / ``fsdp_cpu`` (Lightning's FSDP fixed for test-after-fit and able to run on CPU over gloo)."""
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from strategies.dp import DataParallelStrategy
+from strategies.dp import NO_GPU_MESSAGE, DataParallelStrategy
 from strategies.fsdp import LAYERWISE_OPTIMIZERS, ShardedDataParallelStrategy, is_fsdp
 
-__all__ = ["DataParallelStrategy", "LAYERWISE_OPTIMIZERS", "ShardedDataParallelStrategy", "is_fsdp", "register_strategies"]
+__all__ = ["DataParallelStrategy", "LAYERWISE_OPTIMIZERS", "NO_GPU_MESSAGE", "ShardedDataParallelStrategy", "is_fsdp",
+           "register_strategies"]
 
 
 def register_strategies() -> None:
-    """Idempotent; train.py calls it in every process it starts, including the ones ddp launches."""
+    """Idempotent; the CLI calls it in every process, including the ones ddp launches."""
     if "dp" not in StrategyRegistry:
         StrategyRegistry.register(
             "dp", DataParallelStrategy, description="DataParallel: one process, batch split over the visible GPUs"
@@ -31,4 +27,3 @@ def register_strategies() -> None:
             override=True,
             process_group_backend="gloo",
         )
-

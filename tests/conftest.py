@@ -2,17 +2,14 @@
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from cli import launch
+from cli.launch import REPO, TRAIN_PY  # noqa: F401 (tests import them from here)
 from tests.idx_files import write_fashion_mnist
-
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_PY = REPO / "train.py"
 
 
 @pytest.fixture(scope="session")
@@ -33,28 +30,20 @@ def workdir(tmp_path, monkeypatch) -> Path:
 UNPRIVILEGED_UID = 65534  # nobody
 
 
-def run_train(args, cwd: Path, timeout: float = 240, env=None, unprivileged: bool = False) -> subprocess.CompletedProcess:
-    """``python train.py ARGS`` as a user runs it, in ``cwd``, with a hard timeout.
+def run_train(args, cwd: Path, timeout: float = 240, env=None, unprivileged: bool = False) -> launch.Finished:
+    """``python train.py ARGS`` as a user runs it, in ``cwd``, with a hard timeout (cli/launch.py).
 
     ``unprivileged``: when this suite runs as root, run as user nobody, so that file modes apply.
     """
-    full_env = {k: v for k, v in os.environ.items() if k != "FASHION_MNIST_DIR"}
-    full_env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, **(env or {}))
-    as_user = []
+    full_env = launch.clean_env(env)
+    prefix = []
     if unprivileged and os.geteuid() == 0:
         # setpriv, not subprocess's user=: on the machine this was written on, only setpriv could exec the venv python.
         if shutil.which("setpriv") is None:
             pytest.skip("runs as root and setpriv (util-linux) is missing: cannot drop privileges")
-        as_user = ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}", "--clear-groups"]
+        prefix = ["setpriv", f"--reuid={UNPRIVILEGED_UID}", f"--regid={UNPRIVILEGED_UID}", "--clear-groups"]
         full_env["HOME"] = str(cwd)
-    return subprocess.run(
-        [*as_user, sys.executable, str(TRAIN_PY), *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return launch.run_train(args, cwd, timeout, full_env, prefix)
 
 
 @pytest.fixture

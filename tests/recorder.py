@@ -17,7 +17,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from datamodules import FashionMNISTDataModule
-from datamodules.fashion_mnist import InMemoryImages
+from datamodules.in_memory import InMemoryImages
 from tests.idx_files import sample_ids
 
 
@@ -233,10 +233,8 @@ class HangRank(Callback):
 
 class SignalAt(Callback):
     """Fault injection: global rank ``rank`` sends itself ``signal`` (a name, default SIGTERM) just before optimizer
-    step ``step`` runs, as a scheduler's preemption would. The signal is then pending when the ranks agree on their
-    flags at the end of that batch (callbacks/step_flags.py: one all-reduce, run by the first callback that asks),
-    so every rank stops exactly once step ``step`` is done (a signal from outside the job lands at whatever step is
-    running, and one that arrives after the flags were gathered is acted on a batch later).
+    step ``step`` runs, as a scheduler's preemption would; the ranks act on it at the next decision point
+    (runtime/agreement.py: step ``step`` itself with ``--check_every_n_steps 1``).
 
     With ``batch`` instead of ``step``: just before training batch ``batch`` (counted from 1 over the whole run),
     even one after which no optimizer step runs (``accumulate_grad_batches`` > 1)."""
@@ -266,8 +264,8 @@ class CountCollectives(Callback):
     ``$SAMPLE_RECORD_DIR/collectives<rank>.json`` after every batch. (ddp's gradient all-reduce runs in C++ and is
     not counted: it is the training itself.)"""
 
-    NAMES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_object", "broadcast_object_list",
-             "reduce", "gather", "scatter", "reduce_scatter")
+    NAMES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_object",
+             "broadcast_object_list", "reduce", "gather", "scatter", "reduce_scatter")
 
     def __init__(self) -> None:
         self.calls = 0

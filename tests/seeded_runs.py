@@ -15,8 +15,8 @@ from typing import Dict, List, Tuple
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from cli.launch import clean_env, running_in, start_all, stop
 from tests.conftest import TRAIN_PY, run_train
-from tests.processes import clean_env, running_in, start_all, stop
 
 # torchrun restarts in tests/test_restarts.py: one per attempt but the last, 10 as docs/reliability.md promises (each
 # attempt costs ~10 s of start-up on 2 cores, mostly imports; FASHION_MNIST_TEST_RESTARTS=3 for a quicker check).

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from cli.launch import clean_env, start_all, wait_all
 from tests.conftest import TRAIN_PY, run_train
-from tests.processes import clean_env, start_all, wait_all
 from tests.test_training import epoch_lines
 
 pytestmark = pytest.mark.multiprocess

@@ -8,16 +8,12 @@ index and the test also sees which samples each rank trained on before and after
 """
 
 import json
-import warnings
 
 import pytest
 import torch
-from torch.utils.data import SequentialSampler
 
-from callbacks.rng_state import capture, restore
-from datamodules.resumable import DataPositionWarning, ResumableDistributedSampler, ResumableLoader, check_position
+from cli.launch import clean_env, running_in, start_all, wait_all
 from tests.conftest import TRAIN_PY, run_train
-from tests.processes import clean_env, running_in, start_all, wait_all
 
 TIMEOUT_S = 120
 PREEMPTED = 143
@@ -68,8 +64,8 @@ def one_process(tmp_path_factory, fashion_root):
     runs = {}
     for name, cwd, extra in [
         ("straight", straight, ["--epochs", "2"]),
-        ("stopped", resumed, ["--epochs", "2", "--trainer.callbacks+=tests.recorder.SignalAt",
-                              "--trainer.callbacks.step=3"]),
+        ("stopped", resumed, ["--epochs", "2", "--check_every_n_steps", "3",
+                              "--trainer.callbacks+=tests.recorder.SignalAt", "--trainer.callbacks.step=3"]),
         ("mid_epoch", resumed, ["--epochs", "1", "--ckpt_path", "last"]),
         ("boundary", resumed, ["--epochs", "2", "--ckpt_path", "last"]),
     ]:
@@ -82,89 +78,18 @@ def one_process(tmp_path_factory, fashion_root):
     return straight, resumed, runs
 
 
-def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
-    state = capture()
-    torch.save({"callbacks": {"RngState": state}}, tmp_path / "x.ckpt")
-    loaded = torch.load(tmp_path / "x.ckpt", weights_only=True)["callbacks"]["RngState"]  # as LightningCLI reads it
-    expected = torch.rand(5)
-    restore(loaded)
-    assert torch.equal(torch.rand(5), expected)
 
 
-def loader(epoch: int, rank: int = 0) -> ResumableLoader:
-    """50 numbers, 2 ranks (25 each), batch 4: 7 batches per epoch, the last of 1."""
-    data = list(range(50))
-    sampler = ResumableDistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=7)
-    sampler.set_epoch(epoch)
-    return ResumableLoader(data, batch_size=4, sampler=sampler)
 
 
-def batches(iterable) -> list:
-    return [batch.tolist() for batch in iterable]
 
 
-def test_a_loader_given_its_saved_position_hands_out_exactly_the_rest_of_that_epoch():
-    for rank in (0, 1):
-        whole = batches(loader(epoch=1, rank=rank))
-        first = loader(epoch=1, rank=rank)
-        iterator = iter(first)
-        head = [next(iterator).tolist() for _ in range(3)]
-        state = first.state_dict()
-        assert state == {"epoch": 1, "batches": 3, "batch_size": 4, "world_size": 2}
-
-        again = loader(epoch=0, rank=rank)  # a new process: its sampler's epoch comes from the state
-        again.load_state_dict(state)
-        rest = batches(again)
-        assert head + rest == whole and len(rest) == 4 and len(again) == 7
-        assert again.state_dict()["batches"] == 7
-        again.sampler.set_epoch(2)
-        assert len(batches(again)) == 7  # the next epoch is whole
 
 
-def test_a_saved_position_of_another_epoch_is_dropped():
-    """A checkpoint written at the end of epoch 1 (position: epoch 0, all 7 batches) resumes with epoch 2, whole."""
-    resumed = loader(epoch=0)
-    resumed.load_state_dict({"epoch": 0, "batches": 7, "batch_size": 4, "world_size": 2})
-    resumed.sampler.set_epoch(1)  # Lightning's set_epoch before the epoch's first batch
-    assert batches(resumed) == batches(loader(epoch=1))
 
 
-def test_the_loader_lightning_makes_for_overfit_batches_is_a_plain_one():
-    """--trainer.overfit_batches: Lightning re-creates the training loader with a SequentialSampler (no position)."""
-    plain = ResumableLoader(list(range(10)), batch_size=4, sampler=SequentialSampler(range(10)))
-    plain.load_state_dict({"epoch": 0, "batches": 1, "batch_size": 4, "world_size": 1})
-    assert batches(plain) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and plain.state_dict() == {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        check_position(plain, epoch=0, batches_before=5)
 
 
-def test_a_shifted_resume_is_never_silent():
-    """No position in the checkpoint (Lightning is at batch 4, the loader at 1), another batch size, or a resume
-    between two optimizer steps: one DataPositionWarning each; an exact resume: none."""
-    plain = loader(epoch=1)
-    next(iter(plain))
-    with pytest.warns(DataPositionWarning, match="out of step with the resumed loop: Lightning is at batch 4"):
-        check_position(plain, epoch=1, batches_before=3)
-
-    with pytest.warns(DataPositionWarning, match="batch size 8 per process"):
-        loader(epoch=1).load_state_dict({"epoch": 1, "batches": 3, "batch_size": 8, "world_size": 2})
-
-    state = {"epoch": 1, "batches": 3, "batch_size": 4, "world_size": 2}
-    between = loader(epoch=1)
-    between.load_state_dict(state)
-    next(iter(between))
-    with pytest.warns(DataPositionWarning, match="the gradients of batch 3 were not in the checkpoint"):
-        check_position(between, epoch=1, batches_before=3, accumulate=2)
-
-    exact = loader(epoch=1)
-    exact.load_state_dict(state)
-    iterator = iter(exact)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for batches_before in (3, 4):
-            next(iterator)
-            check_position(exact, epoch=1, batches_before=batches_before, accumulate=1)
 
 
 def test_sigterm_mid_epoch_then_resume_gives_bitwise_the_uninterrupted_weights(one_process):
@@ -191,7 +116,8 @@ def test_resume_at_an_epoch_boundary_gives_bitwise_the_uninterrupted_weights(one
 
 @pytest.mark.multiprocess
 def test_two_ddp_ranks_stopped_mid_epoch_resume_exactly_where_they_stopped(tmp_path, fashion_root):
-    """2 gloo ranks × batch 32: 4 steps per epoch, 3 epochs. SIGTERM to rank 0 after step 6 (batch 2 of epoch 2).
+    """2 gloo ranks × batch 32: 4 steps per epoch, 3 epochs, deciding every 3 steps. SIGTERM to rank 0 just before
+    step 5: both stop at the next decision, after step 6 (batch 2 of epoch 2).
     Each rank's epoch-2 samples before the stop plus those after the resume are exactly its uninterrupted epoch-2
     samples, in order (none twice, none missing); the final weights of both ranks are bitwise the uninterrupted ones
     (so rank 0's generator state, restored on every rank, is every rank's: all are seeded and draw alike).
@@ -210,8 +136,9 @@ def test_two_ddp_ranks_stopped_mid_epoch_resume_exactly_where_they_stopped(tmp_p
 
     # The uninterrupted run and the one that is stopped run side by side (one CPU each on the 2-core machine).
     straight_job, stopped_job = jobs = start_all(
-        [command("straight"), command("resumed", "--trainer.callbacks+=tests.recorder.SignalAt",
-                                      "--trainer.callbacks.step=6")], tmp_path / "logs")
+        [command("straight"), command("resumed", "--check_every_n_steps", "3",
+                                      "--trainer.callbacks+=tests.recorder.SignalAt", "--trainer.callbacks.step=5")],
+        tmp_path / "logs")
     assert wait_all(jobs, TIMEOUT_S) is None
     assert straight_job.returncode == 0, straight_job.tail()
     assert stopped_job.returncode == PREEMPTED, stopped_job.tail()
@@ -248,7 +175,8 @@ def test_a_sigterm_between_two_optimizer_steps_stops_after_the_next_step_and_res
     straight_dir.mkdir(), resumed_dir.mkdir()
     straight, stopped = jobs = start_all(
         [("straight", args, straight_dir, env),
-         ("stopped", [*args, "--trainer.callbacks+=tests.recorder.SignalAt", "--trainer.callbacks.batch=3"],
+         ("stopped", [*args, "--check_every_n_steps", "1", "--trainer.callbacks+=tests.recorder.SignalAt",
+                      "--trainer.callbacks.batch=3"],
           resumed_dir, env)], tmp_path / "logs")
     assert wait_all(jobs, TIMEOUT_S) is None
     assert straight.returncode == 0, straight.tail()

@@ -1,137 +1,9 @@
 """The speed options: batched augmentation, splits held on the device, channels_last, torch.compile, warm-up start."""
 
-from types import SimpleNamespace
 
-import pytest
 import torch
 
-from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
-from datamodules.fashion_mnist import FashionMNISTDataModule
-from lightning_modules.classifier import FashionMNISTClassifier
 from tests.conftest import run_train
-
-
-def distinct_images(n: int = 64, size: int = 28) -> torch.Tensor:
-    """uint8 images with no zero pixel, so every 0 in an augmented image comes from the padding."""
-    return torch.randint(1, 256, (n, 1, size, size), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-
-
-def shifted(image: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
-    """``image`` moved by (dy, dx) pixels, uncovered pixels 0: what RandomCrop(padding) makes of it."""
-    out = torch.zeros_like(image)
-    h, w = image.shape[-2:]
-    out[..., max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = image[..., max(-dy, 0):h - max(dy, 0),
-                                                                          max(-dx, 0):w - max(dx, 0)]
-    return out
-
-
-def test_random_crop_shifts_each_image_within_the_padding_and_fills_with_black():
-    images = distinct_images()
-    cropped = random_crop(images, 2, batch_generator(torch.device("cpu"), 7))
-    assert cropped.shape == images.shape and cropped.dtype == torch.uint8
-    offsets = set()
-    for original, out in zip(images, cropped):
-        matches = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3) if torch.equal(shifted(original, dy, dx), out)]
-        assert len(matches) == 1, "each output must be its own image shifted by one offset in [-2, 2]"
-        offsets.add(matches[0])
-    assert len(offsets) > 10, "offsets are drawn per image, not once per batch"
-
-
-def test_horizontal_flip_mirrors_about_half_of_the_images():
-    images = distinct_images(400)
-    flipped = random_horizontal_flip(images, batch_generator(torch.device("cpu"), 3))
-    mirrored = [torch.equal(out, original.flip(-1)) for original, out in zip(images, flipped)]
-    unchanged = [torch.equal(out, original) for original, out in zip(images, flipped)]
-    assert all(m != u for m, u in zip(mirrored, unchanged))
-    assert 160 < sum(mirrored) < 240
-
-
-def test_augmentation_draws_depend_on_seed_rank_epoch_and_batch_only():
-    seeds = {augmentation_seed(42, rank, epoch, batch) for rank in (0, 1) for epoch in (0, 1) for batch in (0, 1)}
-    assert len(seeds) == 8
-    images = distinct_images()
-    again = [random_crop(images, 3, batch_generator(torch.device("cpu"), augmentation_seed(42, 0, 1, 5))) for _ in (0, 1)]
-    assert torch.equal(again[0], again[1]), "a resumed run must draw the same crops"
-
-
-def fake_trainer(training: bool, batch: int = 0, epoch: int = 0, rank: int = 0):
-    progress = SimpleNamespace(current=SimpleNamespace(ready=batch))
-    return SimpleNamespace(training=training, global_rank=rank, current_epoch=epoch,
-                           fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
-
-
-@pytest.mark.parametrize("training", [True, False])
-def test_augmentation_applies_to_training_batches_only(training):
-    data = FashionMNISTDataModule(random_crop_padding=2, horizontal_flip=True)
-    data.trainer = fake_trainer(training)
-    images = distinct_images()
-    out, _ = data.on_after_batch_transfer((images, torch.zeros(64, dtype=torch.long)), 0)
-    plain, _ = FashionMNISTDataModule().on_after_batch_transfer((images, torch.zeros(64, dtype=torch.long)), 0)
-    assert out.dtype == torch.float32
-    assert torch.equal(out, plain) != training
-
-
-def test_splits_stay_in_host_memory_on_cpu(fashion_root):
-    data = FashionMNISTDataModule(data_dir=str(fashion_root))
-    data.setup("fit")
-    assert data.train_set.device.type == "cpu" and data.test_set.device.type == "cpu"
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_gpu_splits_live_in_gpu_memory_and_batches_are_gathered_there(fashion_root):
-    trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
-    data = FashionMNISTDataModule(data_dir=str(fashion_root))
-    data.trainer = trainer
-    data.setup("fit")
-    images, targets = data.train_set.__getitems__([0, 5, 3])
-    assert images.is_cuda and targets.is_cuda
-    assert data._loader(data.train_set, 4, shuffle=False).pin_memory is False
-
-
-def test_channels_last_keeps_the_outputs_and_stores_weights_nhwc():
-    torch.manual_seed(0)
-    plain = FashionMNISTClassifier(network="cnn").eval()
-    nhwc = FashionMNISTClassifier(network="cnn", channels_last=True).eval()
-    nhwc.load_state_dict(plain.state_dict())
-    conv = nhwc.net[0][3].weight  # 32 input channels (with 1 channel, NHWC and NCHW coincide)
-    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
-    images = torch.randn(8, 1, 28, 28)
-    torch.testing.assert_close(nhwc(images), plain(images), rtol=1e-4, atol=1e-5)
-
-
-def test_compile_routes_the_forward_through_torch_compile_and_keeps_plain_checkpoint_keys(monkeypatch):
-    """Wiring only: inductor takes minutes on 2 cores, so torch.compile is replaced by a recorder here;
-    the real compilation is measured by `make bench BENCH_ARGS=--options` (docs/benchmarks.md)."""
-    compiled = []
-
-    def fake_compile(module):
-        compiled.append(module)
-        return lambda images: module(images) * 0 + 7.0
-
-    monkeypatch.setattr(torch, "compile", fake_compile)
-    model = FashionMNISTClassifier(network="mlp", compile=True)
-    assert torch.equal(model(torch.zeros(2, 1, 28, 28)), torch.full((2, 10), 7.0))
-    model(torch.zeros(2, 1, 28, 28))
-    assert compiled == [model.net], "compiled once, the network itself (not the LightningModule)"
-    keys = set(model.state_dict())
-    assert keys == set(FashionMNISTClassifier(network="mlp").state_dict())
-    assert not any("_orig_mod" in key or "_compiled" in key for key in keys)
-
-
-def test_warmup_can_start_below_base_lr():
-    model = FashionMNISTClassifier(network="mlp", base_lr=0.1, lr_scaling="none", warmup_epochs=1, warmup_start_lr=0.01)
-    trainer = SimpleNamespace(num_devices=1, num_nodes=1, accumulate_grad_batches=1, estimated_stepping_batches=10,
-                              max_epochs=2, strategy=SimpleNamespace(process_group_backend=None),
-                              world_size=1, accelerator=object(), datamodule=SimpleNamespace(batch_size=32))
-    model.trainer = trainer
-    schedule = model.configure_optimizers()["lr_scheduler"]["scheduler"]
-    lrs = []
-    for _ in range(6):
-        lrs.append(schedule.get_last_lr()[0])
-        schedule.optimizer.step()
-        schedule.step()
-    assert lrs[0] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.1)
-    assert lrs == sorted(lrs)
 
 
 def test_fit_with_augmentation_through_the_cli_trains_nhwc_by_default(workdir, fashion_root):
@@ -150,50 +22,9 @@ def test_fit_with_augmentation_through_the_cli_trains_nhwc_by_default(workdir, f
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
 
 
-def test_flip_test_time_averages_the_logits_of_an_image_and_its_mirror():
-    torch.manual_seed(0)
-    plain = FashionMNISTClassifier(network="mlp").eval()
-    tta = FashionMNISTClassifier(network="mlp", flip_test_time=True).eval()
-    tta.load_state_dict(plain.state_dict())
-    images = torch.randn(4, 1, 28, 28)
-    expected = (plain(images) + plain(images.flip(-1))) / 2
-    torch.testing.assert_close(tta.evaluation_logits(images), expected)
-    torch.testing.assert_close(tta(images), plain(images)), "training forward is unchanged"
-    assert not torch.allclose(plain.evaluation_logits(images), expected)
 
 
-def multiply_adds(net: torch.nn.Module) -> int:
-    """Multiply-adds of the convolutions and linear layers for one 1×28×28 image."""
-    total = 0
-
-    def count(module, inputs, output):
-        nonlocal total
-        if isinstance(module, torch.nn.Conv2d):
-            total += output.numel() * module.in_channels * module.kernel_size[0] * module.kernel_size[1] // module.groups
-        elif isinstance(module, torch.nn.Linear):
-            total += module.in_features * module.out_features
-
-    handles = [m.register_forward_hook(count) for m in net.modules()]
-    net.eval()(torch.zeros(1, 1, 28, 28))
-    for handle in handles:
-        handle.remove()
-    return total
 
 
-def test_fast_cnn_does_an_eighth_of_the_cnn_work_per_image():
-    from lightning_modules.networks import build_network
-
-    fast, cnn = build_network("fast_cnn"), build_network("cnn")
-    assert fast.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
-    assert multiply_adds(fast) == pytest.approx(2.3e6, rel=0.03)
-    assert multiply_adds(fast) < multiply_adds(cnn) / 8
 
 
-def test_gpu_cnn_spends_six_times_the_cnn_work_on_width():
-    """fast_gpu.yaml's network: its docs quote 116 M multiply-adds per image, six times cnn's."""
-    from lightning_modules.networks import build_network
-
-    wide, cnn = build_network("gpu_cnn"), build_network("cnn")
-    assert wide.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
-    assert multiply_adds(wide) == pytest.approx(116e6, rel=0.03)
-    assert 5.5 < multiply_adds(wide) / multiply_adds(cnn) < 6.5

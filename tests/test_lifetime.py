@@ -7,17 +7,20 @@ import re
 import signal
 import socket
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from lightning.pytorch.strategies import StrategyRegistry
 
-from callbacks.job_faults import describe_fault
-from strategies import register_strategies
-from strategies.lifetime import (DEFAULT_TIMEOUT_S, LAUNCHER_PID_ENV, TIMEOUT_ENV, collective_timeout,
-                                 data_worker_timeout, die_with_parent, set_collective_timeout)
-from tests.processes import _alive, clean_env, free_port, process_tree, running_in, start_all, wait_all
+from cli.launch import (
+    _alive,
+    clean_env,
+    free_port,
+    process_tree,
+    running_in,
+    start_all,
+    wait_all,
+)
+from runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV, die_with_parent
 from tests.test_preemption import argv, start_launcher
 
 TEST_TIMEOUT_S = 20
@@ -37,24 +40,8 @@ def assert_nothing_left(cwd: Path, since: float) -> None:
     assert running_in(cwd) == [], f"still running {GONE_S} s after the job ended: {running_in(cwd)}"
 
 
-def test_the_timeout_comes_from_the_environment_with_a_5_minute_default():
-    assert collective_timeout({}) == timedelta(seconds=DEFAULT_TIMEOUT_S) == timedelta(minutes=5)
-    assert collective_timeout({TIMEOUT_ENV: "20"}) == timedelta(seconds=20)
-    assert data_worker_timeout({}) == 150 and data_worker_timeout({TIMEOUT_ENV: "20"}) == 10
-    for bad in ("0", "-1", "abc", "inf", "nan"):
-        with pytest.raises(ValueError, match=TIMEOUT_ENV):
-            collective_timeout({TIMEOUT_ENV: bad})
 
 
-def test_every_ddp_and_fsdp_strategy_name_gets_the_timeout(monkeypatch):
-    register_strategies()
-    monkeypatch.setenv(TIMEOUT_ENV, "20")
-    try:
-        set_collective_timeout()
-        for name in ("ddp", "ddp_spawn", "fsdp", "fsdp_cpu"):
-            assert StrategyRegistry.get(name)._timeout == timedelta(seconds=20), name
-    finally:
-        set_collective_timeout(timedelta(seconds=DEFAULT_TIMEOUT_S))
 
 
 def test_a_rank_whose_launcher_is_already_gone_exits_at_once():
@@ -221,28 +208,5 @@ def test_ranks_that_cannot_meet_end_with_one_line_within_the_bound(tmp_path, fas
           f"after the rendezvous began")
 
 
-# torch 2.14's messages for these faults (gloo, TCPStore), as the ranks above saw them.
-FAULTS = {
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 20000ms for recv "
-    "operation to complete": "rank 3 timed out after 20 s waiting for the other ranks in a collective",
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
-    "[127.0.0.1]:40123": "rank 3 lost its connection to another rank in a collective",
-    "DistNetworkError: The server socket has failed to listen on any local network address. port: 29877, useIpv6: "
-    "false, code: -98, name: EADDRINUSE, message: address already in use": "rank 3: MASTER_PORT 29877 is already in use",
-    "DistStoreError: Timed out after 21 seconds waiting for clients. 1/2 clients joined.":
-        "rank 3 waited 21 s for the other ranks to join, and only 1 of 2 did",
-    "DistNetworkError: The client socket has timed out after 20000ms while trying to connect to (127.0.0.1, 29901).":
-        "rank 3 could not reach rank 0 at 127.0.0.1:29901 within 20 s",
-    "RuntimeError: DataLoader timed out after 10.0 seconds": "rank 3: a data loader worker delivered no batch for 10 s",
-}
 
 
-@pytest.mark.parametrize("message", list(FAULTS))
-def test_each_fault_of_the_job_is_recognised_and_nothing_else(message):
-    import torch.distributed as dist
-
-    kind, text = message.split(": ", 1)
-    error = {"DistNetworkError": dist.DistNetworkError, "DistStoreError": dist.DistStoreError}.get(kind, RuntimeError)
-    assert describe_fault(error(text), rank=3).startswith(FAULTS[message])
-    assert describe_fault(RuntimeError("CUDA out of memory"), rank=3) is None
-    assert describe_fault(ValueError(text), rank=3) is None  # only torch's RuntimeError and its DistError kinds

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.launch import clean_env, free_port, start_all, wait_all
 from tests.conftest import TRAIN_PY
-from tests.processes import clean_env, free_port, start_all, wait_all
 from tests.test_training import epoch_lines
 
 pytestmark = pytest.mark.multiprocess

@@ -15,9 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpointing import verify
+from cli.launch import (
+    clean_env,
+    free_port,
+    process_tree,
+    running_in,
+    start_all,
+    wait_all,
+)
+from runtime.checkpoint_io import verify
 from tests.conftest import TRAIN_PY
-from tests.processes import clean_env, free_port, process_tree, running_in, start_all, wait_all
 
 pytestmark = pytest.mark.multiprocess
 

@@ -12,14 +12,24 @@ import json
 
 import pytest
 import torch
-from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as PluginAccumulator
+from tensorboard.backend.event_processing.plugin_event_accumulator import (
+    EventAccumulator as PluginAccumulator,
+)
 from tensorboard.util import tensor_util
 
-from strategies.torchrun import DISABLE_SHARED_STORE, attempt, max_restarts, shared_store_warning
+from cli.launch import clean_env, start_all
+from runtime.lifetime import DISABLE_SHARED_STORE
 from tests.conftest import TRAIN_PY
-from tests.processes import clean_env, start_all
-from tests.seeded_runs import (DDP, DETERMINISTIC_TAGS, RESTARTS, STEPS_PER_EPOCH, last_checkpoint, run_folder, scalars,
-                               wait_then_stop)
+from tests.seeded_runs import (
+    DDP,
+    DETERMINISTIC_TAGS,
+    RESTARTS,
+    STEPS_PER_EPOCH,
+    last_checkpoint,
+    run_folder,
+    scalars,
+    wait_then_stop,
+)
 
 EPOCHS = RESTARTS + 1
 TIMEOUT_S = 90 + 45 * EPOCHS  # ~10-20 s per attempt on 2 busy cores
@@ -103,10 +113,3 @@ def test_tensorboard_shows_one_value_per_step_after_the_restarts(restarted, seed
             assert [s for s, _ in found[tag]] == [s for s, _ in clean[tag]], tag  # one point per epoch
 
 
-def test_what_a_worker_reads_from_torchruns_variables():
-    assert (max_restarts({}), attempt({})) == (0, 1)
-    env = {"TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_USE_AGENT_STORE": "True"}
-    assert (max_restarts(env), attempt(env)) == (3, 3)
-    assert DISABLE_SHARED_STORE + "=1" in shared_store_warning(env)
-    assert shared_store_warning({**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None  # the variable was set
-    assert shared_store_warning({**env, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restarts asked for

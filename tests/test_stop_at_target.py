@@ -5,8 +5,6 @@ import re
 
 import pytest
 
-from callbacks.stop_at_target import TargetStreak
-from cli.shorthand import expand_args
 from tests.conftest import run_train
 from tests.test_training import epoch_lines
 
@@ -20,15 +18,8 @@ SLOW = ["--network", "mlp", "--lr", "0.002", "--batch_size", "32", "--trainer.li
 TARGET, PATIENCE = 0.5, 2
 
 
-def test_streak_counts_consecutive_epochs_at_or_above_target():
-    streak = TargetStreak(0.85, patience=2)
-    assert [streak.update(a) for a in (0.86, 0.80, 0.85, 0.87, 0.9)] == [False, False, False, True, True]
-    assert TargetStreak(0.5, patience=1).update(0.5)
 
 
-def test_shorthand_flags_map_to_the_stop_at_target_section():
-    assert expand_args(["--target_accuracy", "0.85", "--patience", "3"]) == [
-        "fit", "--stop_at_target.target_accuracy", "0.85", "--stop_at_target.patience", "3"]
 
 
 def expected_stop(accuracies, target, patience):

@@ -3,7 +3,7 @@
 import pytest
 
 from cli.checks import check_devices, unwritable_reason
-from cli.errors import ConfigError
+from runtime.errors import ConfigError
 
 
 @pytest.mark.parametrize("devices", [1, "2", 2, -1, "-1", "auto", None, [0, 1], "0,1", "[1]"])

@@ -1,4 +1,4 @@
-"""Check the four Fashion-MNIST IDX files before anything trains on them: cheap, and one clear line per problem.
+"""The four Fashion-MNIST IDX files: where they are, their download, and a check before anything trains on them.
 
 torchvision checks the MD5 of the downloaded ``.gz`` files only; of the extracted IDX
 files it checks that they exist. What it then does with a damaged file (measured with
@@ -17,7 +17,68 @@ images, every label in 0..9. A problem raises :class:`CorruptDataError` naming t
 import os
 import struct
 from pathlib import Path
-from typing import Iterable, Tuple
+from typing import Iterable, List, Optional, Tuple
+
+from torchvision.datasets import FashionMNIST
+
+from runtime.errors import CorruptDataError, DataNotFoundError
+
+DATA_DIR_ENV = "FASHION_MNIST_DIR"
+RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+def default_data_dir() -> str:
+    """``$FASHION_MNIST_DIR`` if set, else ``./data``."""
+    return os.environ.get(DATA_DIR_ENV) or "data"
+
+
+def torchvision_root(data_dir: str) -> Path:
+    """The folder torchvision expects (it holds ``FashionMNIST/raw``), also when given that folder or ``raw`` itself."""
+    path = Path(data_dir).expanduser()
+    if path.name == "raw" and path.parent.name == FashionMNIST.__name__:
+        return path.parent.parent
+    if path.name == FashionMNIST.__name__:
+        return path.parent
+    return path
+
+
+def raw_folder(data_dir: str) -> Path:
+    return torchvision_root(data_dir) / FashionMNIST.__name__ / "raw"
+
+
+def missing_files(data_dir: str) -> List[str]:
+    # os.path.isfile, not Path.is_file: a folder we may not enter counts as missing instead of raising.
+    return [name for name in RAW_FILES if not os.path.isfile(raw_folder(data_dir) / name)]
+
+
+def _unreadable_folder(data_dir: str) -> Optional[Path]:
+    """The first folder from data_dir down to ``raw`` that exists but cannot be listed or entered."""
+    root = torchvision_root(data_dir)
+    for path in (root, root / FashionMNIST.__name__, raw_folder(data_dir)):
+        if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
+            return path
+    return None
+
+
+def download_or_raise(data_dir: str, missing: List[str], download: bool) -> None:
+    """torchvision's download of both splits, or :class:`DataNotFoundError` saying where the files go and why."""
+    unreadable = _unreadable_folder(data_dir)
+    if unreadable is not None:
+        raise DataNotFoundError(
+            f"cannot read the folder {unreadable.resolve()} (permission denied): make it readable "
+            f"(chmod a+rX) or point --data.data_dir or ${DATA_DIR_ENV} at a readable copy of FashionMNIST/raw.")
+    reason = "download is disabled (--data.download false)"
+    if download:
+        try:
+            for train in (True, False):
+                FashionMNIST(str(torchvision_root(data_dir)), train=train, download=True)
+            return
+        except Exception as error:  # torchvision raises RuntimeError/URLError/OSError per mirror
+            reason = f"download failed ({type(error).__name__}: {' '.join(str(error).split())[:200]})"
+    raise DataNotFoundError(
+        f"Fashion-MNIST not found in {raw_folder(data_dir).resolve()}: missing {', '.join(missing)} and {reason}. "
+        f"Put the four IDX files ({', '.join(RAW_FILES)}) there, or point --data.data_dir "
+        f"or ${DATA_DIR_ENV} at a folder that holds FashionMNIST/raw.")
 
 UNSIGNED_BYTE = 0x08
 IMAGE_SHAPE = (28, 28)
@@ -29,10 +90,6 @@ SPLITS = (
     ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 )
 REPAIR_HINT = "replace it with a good copy (or delete it and rerun with network to download it again)"
-
-
-class CorruptDataError(ValueError):
-    """An IDX file is unreadable, truncated, of the wrong kind, or disagrees with its pair; the message names it."""
 
 
 def _fail(path: Path, problem: str, hint: str = REPAIR_HINT) -> CorruptDataError:

@@ -1,11 +1,11 @@
-"""Several training processes at once under one hard deadline; when they end or time out, nothing they started lives on.
+"""Run train.py (or torchrun) as subprocesses: one launcher for tests, experiments and benchmarks.
 
-``subprocess.run(timeout=...)`` kills only the process it started. Lightning's ddp launcher
-starts its ranks as children (same process group), and torchrun's workers run in sessions
-of their own. So each job runs in a new session, its exit is observed without reaping it
-(``WNOWAIT``: while it is a zombie its pid, and so its process group id, cannot be reused),
-and ``stop`` then signals its process group and every process below it found through /proc
-(Linux, as CI) before reaping it.
+Each job runs in a new session with a clean environment (no outer launcher's or cluster's
+variables, unbuffered, one thread per process), its output goes to files, and it runs under a
+hard deadline. Its exit is observed without reaping it (``WNOWAIT``: its pid, and so its process
+group id, cannot be reused meanwhile), and :func:`stop` then signals its process group and every
+process below it found through /proc (Linux) before reaping it: Lightning's ranks and torchrun's
+workers never outlive the job.
 """
 
 import os
@@ -13,19 +13,24 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_PY = REPO / "train.py"
 # Variables of an outer launcher or cluster that would change how a child finds its rank and its peers.
 LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                 "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "FASHION_MNIST_DIR")
 
 
-def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """This environment without launcher, cluster (SLURM_*) or data-dir variables; unbuffered, one thread each."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("SLURM_")}
+def clean_env(extra: Optional[Dict[str, str]] = None, keep_data_dir: bool = False) -> Dict[str, str]:
+    """This environment without launcher or cluster (SLURM_*) variables, nor ``FASHION_MNIST_DIR`` unless
+    ``keep_data_dir``; unbuffered, one thread per process (``extra`` may say otherwise)."""
+    dropped = [k for k in LAUNCHER_ENV if not (keep_data_dir and k == "FASHION_MNIST_DIR")]
+    env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("SLURM_")}
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, **(extra or {}))
     return env
 
@@ -124,12 +129,13 @@ class Job:
         return f"--- {self.name} (exit {self.returncode}) stderr tail:\n{self.stderr[-chars:]}"
 
 
-def start(name: str, argv: Sequence[str], cwd: Path, log_dir: Path, env: Dict[str, str]) -> Job:
-    """``sys.executable ARGV`` in ``cwd``, in a new session, output to ``log_dir/NAME.out|.err``."""
+def start(name: str, argv: Sequence[str], cwd: Path, log_dir: Path, env: Dict[str, str],
+          prefix: Sequence[str] = ()) -> Job:
+    """``[PREFIX] sys.executable ARGV`` in ``cwd``, in a new session, output to ``log_dir/NAME.out|.err``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     out, err = log_dir / f"{name}.out", log_dir / f"{name}.err"
     with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+        proc = subprocess.Popen([*prefix, sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     return Job(name, proc, cwd, out, err)
 
@@ -180,3 +186,39 @@ def wait_all(jobs: Sequence[Job], timeout_s: float) -> Optional[str]:
     if timed_out:
         return f"timed out after {timeout_s:.0f} s:\n" + "\n".join(job.tail() for job in jobs)
     return None
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optional[Dict[str, str]] = None,
+              prefix: Sequence[str] = ()) -> Finished:
+    """``python train.py ARGS`` in ``cwd`` as a user runs it (``env`` defaults to :func:`clean_env`), to its end;
+    raises TimeoutError (after stopping it and everything it started) past ``timeout_s``."""
+    with tempfile.TemporaryDirectory(prefix="train-py-logs-") as logs:
+        job = start("train", [str(TRAIN_PY), *args], Path(cwd), Path(logs), clean_env() if env is None else env,
+                    prefix)
+        timed_out = wait_all([job], timeout_s)
+        if timed_out:
+            raise TimeoutError(timed_out)
+        return Finished(job.returncode, job.stdout, job.stderr)
+
+
+def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
+                   check: bool = True) -> Finished:
+    """``python train.py ARGS`` in a fresh temporary folder, with ``$FASHION_MNIST_DIR`` kept and ``threads``
+    OpenMP threads (None: torch's own choice): benchmarks and recipe runs. ``check``: raise on a non-zero exit."""
+    env = clean_env(keep_data_dir=True)
+    if threads is None:
+        env.pop("OMP_NUM_THREADS")
+    else:
+        env["OMP_NUM_THREADS"] = str(threads)
+    with tempfile.TemporaryDirectory(prefix="train-py-") as cwd:
+        finished = run_train(args, Path(cwd), timeout_s, env)
+    if check and finished.returncode != 0:
+        raise RuntimeError(f"train.py {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
+    return finished

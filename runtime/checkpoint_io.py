@@ -1,28 +1,16 @@
-"""A CheckpointIO that writes atomically with a sha256 sidecar, and verifies before loading.
+"""Checkpoints written atomically with a sha256 sidecar, verified before loading, and loaded without running code.
 
-Lightning 2.6.6 writes checkpoints with ``_atomic_save``, which swallows a ``PermissionError``
-(no file, no error: Lightning issue #21800), and ``torch.load`` accepts a file whose tensor bytes
-were flipped. Here a save of ``X.ckpt``:
-
-1. serialises the checkpoint in memory and takes its sha256;
-2. writes ``.X.ckpt.tmp-<pid>`` and ``.X.ckpt.sha256.tmp-<pid>`` in the same folder, each fsync'ed;
-3. renames the checkpoint over ``X.ckpt``, then the sidecar over ``X.ckpt.sha256``
-   (``sha256sum`` format: ``sha256sum -c X.ckpt.sha256`` checks it), and fsyncs the folder;
-4. reads ``X.ckpt`` back and compares its sha256.
-
-Any OSError (read-only folder, no space, permission) raises :class:`CheckpointWriteError` naming the
-path: train.py exits 73. A reader therefore sees the old or the new file, never a partial one; a
-crash between the two renames leaves a new checkpoint beside the old sidecar, which reads as
-damaged, and ``--ckpt_path last`` falls back (train.py). Before loading, :func:`verify` compares the
-sha256 with the sidecar; a file without a sidecar (written by plain Lightning) is checked as a zip
-archive instead (every member's CRC32). A damaged file raises :class:`CheckpointCorruptError`: exit 66.
-
-Remote (``s3://``...) paths are left to Lightning's own CheckpointIO: no rename there.
+A save of ``X.ckpt`` serialises in memory, writes ``.X.ckpt.tmp-<pid>`` and its sidecar, fsyncs,
+renames both over ``X.ckpt`` and ``X.ckpt.sha256`` (``sha256sum -c`` format), fsyncs the folder and
+reads the file back. A reader sees the old or the new file, never a partial one. Every load checks the
+sha256 (or, without a sidecar, the zip archive's CRCs) and unpickles with ``weights_only=True``: a
+crafted file cannot run code. Remote (``s3://``...) paths are left to Lightning. Why: docs/reliability.md.
 """
 
 import hashlib
 import io
 import os
+import pickle
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, List, Optional, Tuple
@@ -30,28 +18,17 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from runtime.errors import CheckpointCorruptError, CheckpointWriteError
+
 SUFFIX = ".sha256"
 CHUNK = 1 << 20
-
-
-class CheckpointCorruptError(ValueError):
-    """A checkpoint is truncated, damaged, or does not match its sha256; ``path`` names it."""
-
-    def __init__(self, path, reason: str) -> None:
-        super().__init__(f"checkpoint {path} is damaged: {reason}")
-        self.path = str(path)
-        self.reason = reason
-
-
-class CheckpointWriteError(OSError):
-    """A checkpoint could not be written; nothing was replaced."""
 
 
 def sidecar_path(path) -> Path:
     return Path(f"{path}{SUFFIX}")
 
 
-def _is_remote(path) -> bool:
+def is_remote(path) -> bool:
     return "://" in str(path)
 
 
@@ -63,34 +40,25 @@ def file_sha256(path) -> str:
     return digest.hexdigest()
 
 
-def _expected(path) -> Optional[str]:
-    sidecar = sidecar_path(path)
-    if not sidecar.is_file():
-        return None
-    text = sidecar.read_text(errors="replace").split()
-    return text[0].lower() if text else ""
-
-
 def verify(path) -> Optional[str]:
-    """The checkpoint's sha256 when it matches its sidecar; None when it has no sidecar but is a sound zip archive.
+    """The sha256 when it matches the sidecar; None when there is no sidecar but the zip archive is sound.
 
-    Raises :class:`CheckpointCorruptError` (with the reason) otherwise, FileNotFoundError when it is missing.
+    Raises :class:`CheckpointCorruptError` otherwise, FileNotFoundError when the file is missing.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.stat().st_size == 0:
         raise CheckpointCorruptError(path, "the file is empty")
-    expected = _expected(path)
-    if expected is not None:
-        actual = file_sha256(path)
+    sidecar = sidecar_path(path)
+    if sidecar.is_file():
+        words = sidecar.read_text(errors="replace").split()
+        expected, actual = (words[0].lower() if words else ""), file_sha256(path)
         if actual != expected:
-            raise CheckpointCorruptError(
-                path, f"sha256 {actual[:12]}... does not match {sidecar_path(path).name} ({expected[:12]}...): "
-                      f"truncated or changed after it was written")
+            raise CheckpointCorruptError(path, f"sha256 {actual[:12]}... does not match {sidecar.name} "
+                                               f"({expected[:12]}...): truncated or changed after it was written")
         return actual
-    # No sidecar (e.g. written by plain Lightning): torch.save's zip archive carries a CRC32 per member.
-    try:
+    try:  # no sidecar (e.g. written by plain Lightning): torch.save's zip archive carries a CRC32 per member
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
@@ -98,6 +66,20 @@ def verify(path) -> Optional[str]:
     if bad is not None:
         raise CheckpointCorruptError(path, f"CRC error in {bad}; no {SUFFIX} file")
     return None
+
+
+def load(path, map_location: Any = "cpu") -> dict:
+    """A verified checkpoint, unpickled with ``weights_only=True`` (tensors and plain data only, no code)."""
+    verify(path)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise CheckpointCorruptError(
+            path, "it holds objects other than tensors and plain data, which could run code when loaded, so it was "
+                  f"not loaded ({' '.join(str(error).split()[:12])}...); use a checkpoint written by this project"
+        ) from error
+    except (RuntimeError, EOFError, KeyError, zipfile.BadZipFile) as error:
+        raise CheckpointCorruptError(path, f"torch.load failed: {' '.join(str(error).split())[:200]}") from error
 
 
 def newest_valid(candidates: Iterable[Path]) -> Tuple[Optional[Path], List[CheckpointCorruptError]]:
@@ -134,10 +116,10 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
-    """Atomic, checksummed saves; verified loads. train.py installs it on every strategy."""
+    """Atomic, checksummed saves; verified, code-free loads. runtime.install puts it on every strategy."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options: Optional[Any] = None) -> None:
-        if _is_remote(path):
+        if is_remote(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
@@ -146,9 +128,8 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         torch.save(checkpoint, buffer)
         data = buffer.getbuffer()
         digest = hashlib.sha256(data).hexdigest()
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         sidecar = sidecar_path(path)
-        sidecar_tmp = path.with_name(f".{sidecar.name}.tmp-{os.getpid()}")
+        tmp, sidecar_tmp = (path.with_name(f".{p.name}.tmp-{os.getpid()}") for p in (path, sidecar))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             _write_synced(tmp, data)
@@ -174,18 +155,13 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(self, path, map_location: Optional[Callable] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict:
-        if not _is_remote(path):
-            verify(path)
-        try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except (RuntimeError, EOFError, KeyError, zipfile.BadZipFile) as error:
-            if _is_remote(path):
-                raise
-            raise CheckpointCorruptError(path, f"torch.load failed: {' '.join(str(error).split())[:200]}") from error
+        if is_remote(path):
+            return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        return load(path, map_location)
 
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)
-        if not _is_remote(path):
+        if not is_remote(path):
             try:
                 sidecar_path(path).unlink()
             except FileNotFoundError:

@@ -2,7 +2,12 @@
 
 import pytest
 
-from callbacks.throughput import EpochClock, EpochTiming, combine_ranks, format_epoch_line
+from callbacks.throughput import (
+    EpochClock,
+    EpochTiming,
+    combine_ranks,
+    format_epoch_line,
+)
 
 
 class FakeClock:

@@ -6,17 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.optim import (
-    build_optimizer,
-    effective_batch_size,
-    lr_factor,
-    param_groups,
-    scale_lr,
-)
-
-
-def test_effective_batch_counts_devices_nodes_and_accumulation():
-    assert effective_batch_size(128, devices=4, num_nodes=2, accumulate=3) == 3072
+from lightning_modules.optim import build_optimizer, lr_factor, param_groups, scale_lr
 
 
 @pytest.mark.parametrize(

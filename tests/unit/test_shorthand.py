@@ -2,7 +2,8 @@
 
 import pytest
 
-from cli.shorthand import SHORTHAND, ShorthandError, expand_args, find_subcommand
+from cli.shorthand import SHORTHAND, expand_args, find_subcommand
+from runtime.errors import ShorthandError
 
 
 def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():

@@ -1,32 +1,20 @@
-"""Faults of the job rather than of the training: a rank stuck or lost, a peer that never joined, a busy MASTER_PORT,
-a stalled data worker. Each ends the rank that sees it with one line and exit 75 (EX_TEMPFAIL: rerun, and
-``--ckpt_path last`` resumes), instead of torch's traceback.
+"""Faults of the job, not of the training: a rank stuck or lost, a peer that never joined, a busy MASTER_PORT, a
+stalled data worker. Each ends the rank that sees it with one line and exit 75 (rerun; ``--ckpt_path last`` resumes).
 
-torch reports them as ``RuntimeError`` (gloo's collective timeout and lost connection, the DataLoader's
-timeout) or its ``DistError`` subclasses (the store's rendezvous); :func:`describe_fault` recognises
-their messages (torch 2.x, gloo) and says what happened, on which rank, and what to do. Anything it does
-not recognise keeps its traceback (exit 1).
-
-:class:`JobFaults` (always on; train.py puts it first) acts on such an exception before Lightning's
-checkpoint callbacks do: under more than one rank, checkpointing on exception (``OnExceptionCheckpoint``,
-``ModelCheckpoint(save_on_exception=True)``) is switched off for it. That save is a collective (a barrier;
-under fsdp also the gathering of the weights) with a rank that is gone or stuck: it fails with a second
-traceback, or waits for another full timeout, or on the rank whose data worker stalled meets the other
-ranks' gradient all-reduce instead of their barrier. The weights are fine: the last checkpoint saved on
-schedule is the one to resume from. A rank whose data worker stalled kills its workers before Lightning's
-teardown would wait for them (5 s per loader), so that it ends, and says why, before the other ranks'
-collectives time out. The launching process also takes its ranks out of the sight of
-Lightning's launcher observer (which SIGKILLs the launcher, exit 137, when a rank exits non-zero), so
-it ends with its own line and 75; train.py then ends those ranks.
+torch reports them as ``RuntimeError`` (gloo's timeouts and lost connections, the DataLoader's
+timeout) or its ``DistError`` subclasses; :func:`describe_fault` recognises their messages (torch 2.x,
+gloo). :class:`JobFaults` keeps the checkpoint-on-exception callbacks from starting a collective with a
+rank that is gone (docs/reliability.md).
 """
 
 import re
 from typing import Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-from callbacks.divergence import _no_checkpoint_on_exception, _release_children
-from strategies.lifetime import TIMEOUT_ENV, collective_timeout, kill_data_workers
+from runtime import compat
+from runtime.lifetime import TIMEOUT_ENV, collective_timeout, kill_data_workers
 
 
 def _seconds(text: str, pattern: str, scale: float = 1.0) -> Optional[str]:
@@ -87,8 +75,18 @@ def is_data_stall(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and "DataLoader timed out after" in str(error)
 
 
+def no_checkpoint_on_exception(trainer: Trainer) -> None:
+    """Switch off the checkpoint-on-exception callbacks for the exception being handled (this trainer only)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint) and getattr(callback, "save_on_exception", False):
+            callback.save_on_exception = False
+        elif isinstance(callback, OnExceptionCheckpoint):
+            callback.on_exception = lambda *args, **kwargs: None  # this instance only
+
+
 class JobFaults(Callback):
-    """On a fault of the job: no collective save on exception, and the launching process stops watching its ranks."""
+    """On a fault of the job: no collective save on exception, stuck data workers killed, and the launching process
+    stops watching its ranks (it waits for them after its line). runtime.install puts it first."""
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if describe_fault(exception) is None:
@@ -96,10 +94,10 @@ class JobFaults(Callback):
         if is_data_stall(exception):
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         if trainer.world_size > 1:
-            _no_checkpoint_on_exception(trainer)
-        children = _release_children(trainer)
+            no_checkpoint_on_exception(trainer)
+        children = compat.release_children(trainer)
         if children:
             try:
-                exception.children = children  # train.py ends them after its line
+                exception.children = children  # runtime.errors.reported ends them after the line
             except AttributeError:
                 pass

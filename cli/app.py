@@ -1,0 +1,116 @@
+"""train.py's LightningCLI: wiring only (the default config, links, the run-time plugins, the test after fit), and
+``main``, which turns every error into one line and an exit code (runtime/errors.py)."""
+
+import sys
+import warnings
+from argparse import RawDescriptionHelpFormatter
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from jsonargparse.typing import PositiveInt
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+import runtime
+from callbacks import StopAtTarget
+from cli.checks import check_config, check_config_file, check_outputs, config_files
+from cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
+from datamodules import FashionMNISTDataModule
+from lightning_modules import FashionMNISTClassifier
+from runtime import checkpoint_io, compat, errors, lifetime, resume
+from strategies import register_strategies
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+# Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
+warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
+warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
+
+
+class FashionMNISTCLI(LightningCLI):
+    """LightningCLI with our defaults file, the batch linked from data to model, the run-time guards installed on
+    every trainer, the ``--ckpt_path`` resolution before launch, and a test run after fit."""
+
+    def init_parser(self, **kwargs) -> LightningArgumentParser:
+        kwargs.setdefault("exit_on_error", False)  # main() turns parse errors into one line
+        kwargs.setdefault("epilog", shorthand_help())
+        kwargs.setdefault("formatter_class", RawDescriptionHelpFormatter)
+        return super().init_parser(**kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--test_after_fit", type=bool, default=True,
+                            help="fit only: evaluate the best checkpoint on the test split when training ends")
+        parser.add_argument("--check_every_n_steps", type=PositiveInt, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
+                            help="the ranks agree on stopping (signal, divergence) every N optimizer steps, and at "
+                                 "every validation, epoch end and checkpoint: a signal stops the run within N steps")
+        # Its own section (--stop_at_target.*, shorthand --target_accuracy): LightningCLI appends it to the callbacks.
+        parser.add_lightning_class_args(StopAtTarget, "stop_at_target")
+        parser.link_arguments("data.batch_size", "model.batch_size")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if ckpt_path and not checkpoint_io.is_remote(ckpt_path) and Path(ckpt_path).is_file():
+            checkpoint_io.load(ckpt_path)  # LightningCLI reads its hyperparameters next: a bad file ends here, exit 66
+
+    def before_instantiate_classes(self) -> None:
+        check_config(self.config[self.subcommand])
+
+    def instantiate_classes(self) -> None:
+        """A value that parses but cannot run (``--strategy foo``, ``--accelerator tpu`` without torch_xla) is the
+        user's mistake: one line."""
+        try:
+            super().instantiate_classes()
+        except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
+            raise errors.ConfigError(errors.one_line(error)) from error
+        runtime.install(self.trainer, self.config[self.subcommand].check_every_n_steps)
+
+    def _before_launch(self) -> None:
+        """In the launching process, before any rank or process group exists: output folders, ``--ckpt_path``, the
+        data (local rank 0 of each node), so a bad input ends here with one line instead of inside one rank."""
+        check_outputs(self.trainer, self.subcommand)
+        warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
+        if warning and self.trainer.is_global_zero:
+            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
+        config = self.config_init[self.subcommand]
+        config["ckpt_path"] = resume.prepare(self.trainer, self.subcommand, config.get("ckpt_path"))
+        if self.datamodule is not None and self.trainer.local_rank == 0:
+            self.datamodule.prepare_data()
+
+    before_fit = before_validate = before_test = before_predict = _before_launch
+
+    def after_fit(self) -> None:
+        if self.trainer.interrupted or not self.config.fit.test_after_fit:
+            return
+        checkpoint = self.trainer.checkpoint_callback
+        best = checkpoint.best_model_path if checkpoint is not None else ""
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+
+
+def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
+    """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
+    register_strategies()  # dp and fsdp_cpu, before the parser validates --trainer.strategy
+    try:
+        lifetime.set_collective_timeout()  # $FASHION_MNIST_COLLECTIVE_TIMEOUT, default 300 s
+    except ValueError as error:
+        raise errors.ConfigError(str(error)) from error
+    defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
+    return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=list(args),
+                           parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},
+                           save_config_kwargs={"overwrite": True})
+
+
+def _run(argv: List[str]) -> list:
+    expanded = expand_args(argv)
+    for name in config_files(expanded):
+        check_config_file(name)
+    cli = build_cli(expanded)
+    return compat.launched_children(cli.trainer)  # they end with this process: wait for them
+
+
+def main(args: Optional[Sequence[str]] = None) -> int:
+    """``python train.py`` and ``fashion-mnist-train``: the exit code (README's table)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    with runtime.guarded_process():
+        return errors.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank)

@@ -1,0 +1,44 @@
+"""A split held in memory as one uint8 tensor, served a whole batch per index gather (no per-image PIL work); on a
+GPU the split lives in GPU memory, so a batch never crosses the PCIe bus."""
+
+from typing import Sequence, Tuple
+
+import torch
+from torch.utils.data import Dataset
+
+Batch = Tuple[torch.Tensor, torch.Tensor]
+
+
+class InMemoryImages(Dataset):
+    """Images (N×28×28 uint8) and labels held as tensors; ``__getitems__`` serves a whole batch in one gather."""
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
+        self.images = images.unsqueeze(1).contiguous()  # N×1×28×28, still uint8
+        self.targets = targets
+
+    def to(self, device: torch.device) -> "InMemoryImages":
+        """Move the split (47 MB for the training set) to ``device`` once; later batches are gathered there."""
+        self.images = self.images.to(device)
+        self.targets = self.targets.to(device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.images[index], self.targets[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        index = torch.as_tensor(indices)
+        if self.images.is_cuda:  # a plain copy to the GPU would wait for its queue to drain, every batch
+            index = index.pin_memory().to(self.images.device, non_blocking=True)
+        return self.images[index], self.targets[index]
+
+
+def already_batched(batch: Batch) -> Batch:
+    """``collate_fn`` for :class:`InMemoryImages`: ``__getitems__`` has already built the batch."""
+    return batch

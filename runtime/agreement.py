@@ -1,0 +1,103 @@
+"""The ranks' one agreement: what every rank must decide alike (stop on a signal, stop on divergence) is decided at
+the same points on every rank, with one all_gather and one host read, and never in between.
+
+Decision points, the same on every rank:
+
+* after optimizer step k when k is a multiple of ``check_every_n_steps`` (default 50);
+* at the end of every validation during fit (it judges the accuracy) and of every training epoch;
+* before any checkpoint is written (``on_save_checkpoint``) if a batch was trained since the last
+  point: so a NaN is never saved.
+
+Between points the steady-state step reads nothing back from the device: participants accumulate what
+they see in device tensors. A signal is acted on at the next point, so it stops the run at most
+``check_every_n_steps`` optimizer steps later (docs/reliability.md gives the measured delay).
+"""
+
+from typing import List, Sequence
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+TRAIN_STEP = "train_step"
+VALIDATION = "validation_end"
+EPOCH_END = "train_epoch_end"
+BEFORE_SAVE = "before_save"
+DEFAULT_CHECK_EVERY_N_STEPS = 50
+
+
+def all_gather_rows(vector: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``vector`` as the rows of one (world size × n) tensor: one collective."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return vector.unsqueeze(0)
+    rows = torch.empty(dist.get_world_size() * vector.numel(), dtype=vector.dtype, device=vector.device)
+    dist.all_gather_into_tensor(rows, vector.contiguous())  # gloo wants the flat output
+    return rows.reshape(dist.get_world_size(), vector.numel())
+
+
+class Participant(Callback):
+    """A callback that decides with the other ranks: it contributes a fixed-length vector at every decision point and
+    acts on every rank's vector. It must come before the :class:`Agreement` in ``trainer.callbacks``."""
+
+    size = 0  # length of the contribution, the same at every point
+
+    def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
+        """A 1-D float32 tensor of ``size`` elements on ``pl_module.device`` (0: nothing to report)."""
+        raise NotImplementedError
+
+    def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
+        """Act on what every rank contributed (one row per rank, in rank order); raise to stop the run."""
+        raise NotImplementedError
+
+
+class Agreement(Callback):
+    """Runs the decision points for ``participants`` (in their order: the first to raise wins)."""
+
+    def __init__(self, participants: Sequence[Participant], check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_STEPS):
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        self.participants = list(participants)
+        self.every = check_every_n_steps
+        self.decisions = 0  # points decided so far (tests count them)
+        self._trained_since = False
+        self._decided_step = -1
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        position = {id(callback): i for i, callback in enumerate(trainer.callbacks)}
+        late = [type(p).__name__ for p in self.participants if position.get(id(p), -1) > position.get(id(self), -1)]
+        if late:
+            raise RuntimeError(f"{', '.join(late)} must come before Agreement in trainer.callbacks (runtime.install)")
+
+    def decide(self, trainer: Trainer, pl_module: LightningModule, point: str) -> None:
+        """One decision point: every rank must call it with the same ``point``."""
+        self._trained_since = False
+        self._decided_step = trainer.global_step
+        parts = [p.contribute(trainer, pl_module, point) for p in self.participants]
+        rows = all_gather_rows(torch.cat(parts).float()).tolist()  # the one host read of this point
+        self.decisions += 1
+        start = 0
+        for participant, part in zip(self.participants, parts):
+            participant.decide(trainer, pl_module, point, [row[start:start + part.numel()] for row in rows])
+            start += part.numel()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._decided_step = trainer.global_step  # a resumed run starts on a step that was decided before
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        self._trained_since = True
+        step = trainer.global_step
+        if step % self.every == 0 and step != self._decided_step:  # just stepped onto a multiple of n
+            self.decide(trainer, pl_module, TRAIN_STEP)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.decide(trainer, pl_module, VALIDATION)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.decide(trainer, pl_module, EPOCH_END)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict) -> None:
+        """Every rank takes part in every save during fit (Lightning's ``dump_checkpoint``). Not while an exception
+        is handled: a rank may be gone, and a collective would wait for it."""
+        if self._trained_since and trainer.state.fn == "fit" and not trainer.interrupted:
+            self.decide(trainer, pl_module, BEFORE_SAVE)

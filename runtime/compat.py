@@ -1,0 +1,124 @@
+"""Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters), and nothing else.
+
+Each was checked against Lightning 2.6.6 (``CHECKED_AGAINST``). ``missing()`` lists the ones a
+newer Lightning no longer has; tests/unit/test_compat.py fails with that list, so an upgrade
+breaks one test with a clear message instead of six modules at run time. Why each is needed:
+docs/reliability.md.
+"""
+
+from typing import Any, Dict, List, Set
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+CHECKED_AGAINST = "2.6.6"
+CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not a hyperparameter
+
+
+def disable_lightning_signal_handling(trainer: Trainer) -> None:
+    """Lightning's handlers run a broadcast (and SLURM's a save and a requeue) inside the signal handler, and its
+    epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read): runtime/preemption.py
+    replaces both."""
+    trainer._signal_connector.register_signal_handlers = lambda: None
+    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+def between_optimizer_steps(trainer: Trainer) -> bool:
+    """After a batch whose gradients wait for the next one (``accumulate_grad_batches`` > 1)."""
+    return trainer.accumulate_grad_batches > 1 and trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def recreate_train_iterator(trainer: Trainer) -> None:
+    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did (runtime/resume.py)."""
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:
+        iter(fetcher)
+
+
+def last_checkpoint_files(trainer: Trainer) -> Set[str]:
+    """The ``last*.ckpt`` files Lightning itself would consider for ``--ckpt_path last``."""
+    found: Set[str] = set()
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            found |= callback._find_last_checkpoints(trainer)
+    return found
+
+
+def tensorboard_writer_open(logger: TensorBoardLogger) -> bool:
+    """Whether the logger's SummaryWriter exists already (its version and purge step can no longer change)."""
+    return logger._experiment is not None
+
+
+def tensorboard_version_chosen(logger: TensorBoardLogger) -> bool:
+    return logger._version is not None
+
+
+def set_tensorboard_run(logger: TensorBoardLogger, purge_step: int, version=None) -> None:
+    """Before the writer opens: log into ``version`` (default: Lightning's next) with SummaryWriter's ``purge_step``."""
+    if version is not None:
+        logger._version = version
+    logger._kwargs["purge_step"] = purge_step
+
+
+def tensorboard_purge_step(logger: TensorBoardLogger):
+    return logger._kwargs.get("purge_step")
+
+
+def write_tensorboard_summaries(logger: TensorBoardLogger, summaries) -> None:
+    """Summaries written as they are (``SummaryWriter.add_hparams`` would open a second run folder)."""
+    writer = logger.experiment._get_file_writer()
+    for summary in summaries:
+        writer.add_summary(summary)
+
+
+def launched_children(trainer: Trainer) -> List[Any]:
+    """The rank processes Lightning's launcher started from this process (none in a rank it started)."""
+    procs = getattr(trainer.strategy.launcher, "procs", None) if trainer.strategy.launcher is not None else None
+    return list(procs) if isinstance(procs, list) else []
+
+
+def release_children(trainer: Trainer) -> List[Any]:
+    """:func:`launched_children`, taken out of the sight of Lightning's ``_ChildProcessObserver``, which SIGKILLs the
+    launching process (exit 137) when a child exits non-zero: the caller waits for them instead."""
+    children = launched_children(trainer)
+    if children:
+        trainer.strategy.launcher.procs.clear()
+    return children
+
+
+def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
+    return {key: value for key, value in params.items() if key not in CLI_PRIVATE_KEYS}
+
+
+def _required() -> List[tuple]:
+    """(owner, attribute) pairs this module and the strategies' overridden hooks rely on."""
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.strategies import FSDPStrategy, ParallelStrategy
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from torch.utils.tensorboard import SummaryWriter
+
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)
+    logger = TensorBoardLogger(save_dir="unused-never-written")
+    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
+    return [
+        (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
+        (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
+        (trainer.fit_loop, "_data_fetcher"), (ModelCheckpoint, "_find_last_checkpoints"),
+        (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
+        (launcher, "procs"),
+        # Hooks strategies/ overrides: FSDP on CPU and fsdp's test-after-fit fix; dp's one-process launcher check.
+        (FSDPStrategy, "_setup_model"), (ParallelStrategy, "_configure_launcher"),
+    ]
+
+
+def missing() -> List[str]:
+    """The private attributes relied on that this Lightning lacks, as ``Owner.attribute`` names (empty: all there)."""
+    gone = []
+    for owner, name in _required():
+        if not hasattr(owner, name):
+            owner_name = owner.__name__ if isinstance(owner, type) else type(owner).__name__
+            gone.append(f"{owner_name}.{name}")
+    return gone

@@ -1,0 +1,199 @@
+"""Exit codes and every error a user may see, in one table: ``reported`` turns each into one line and its code.
+
+A user's mistake, a damaged file or a stop that every rank takes together ends the process with
+one line on stderr and the code below, never a traceback. Anything not in the table keeps its
+traceback (exit 1): that is a bug to report.
+"""
+
+import subprocess
+import sys
+import time
+from enum import IntEnum
+from typing import Callable, Optional, Sequence
+
+from jsonargparse import ArgumentError
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+from runtime.faults import describe_fault
+
+
+class ExitCode(IntEnum):
+    """One code per failure class (sysexits.h numbering where one fits); README's table."""
+
+    OK = 0
+    USAGE = 2  # bad flag, value, key or config file
+    DATA = 65  # data files missing, unreadable or damaged (EX_DATAERR)
+    CHECKPOINT = 66  # the checkpoint to load does not exist, is damaged, or is not a plain checkpoint (EX_NOINPUT)
+    DIVERGED = 70  # non-finite loss/gradient/weights, or accuracy at chance after warm-up (EX_SOFTWARE)
+    CANT_CREATE = 73  # an output folder or a checkpoint cannot be created or written (EX_CANTCREAT)
+    TEMPFAIL = 75  # a rank lost or stuck, a peer that never joined, a busy MASTER_PORT, a stalled data worker
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    PREEMPTED = 143  # SIGTERM or SLURM's SIGUSR1 (128 + SIGTERM)
+
+
+class UserFacingError(Exception):
+    """An error whose message is the whole story. Class attributes say how it is reported."""
+
+    exit_code: int = ExitCode.USAGE
+    prefix = "error: "  # after "train.py: "
+    hint = ""  # appended to the line
+    to_stdout = False
+    rank = 0  # global rank of this process; see ``every_rank``
+    every_rank = True  # False: raised on every rank at once, rank 0 alone prints
+    children: Sequence = ()  # rank processes this launching process must wait for before it exits
+    children_grace_s = 30.0
+
+
+class ConfigError(UserFacingError, ValueError):
+    """A flag, value or configuration that cannot run."""
+
+    hint = " (see python train.py --help)"
+
+
+class ShorthandError(ConfigError):
+    """The command line cannot be rewritten (cli/shorthand.py)."""
+
+
+class DataNotFoundError(UserFacingError, FileNotFoundError):
+    """The IDX files are missing and could not be downloaded."""
+
+    exit_code = ExitCode.DATA
+
+
+class CorruptDataError(UserFacingError, ValueError):
+    """An IDX file is unreadable, truncated, of the wrong kind, or disagrees with its pair."""
+
+    exit_code = ExitCode.DATA
+
+
+class CheckpointNotFoundError(UserFacingError, FileNotFoundError):
+    """``--ckpt_path`` names nothing that can be loaded."""
+
+    exit_code = ExitCode.CHECKPOINT
+
+
+class CheckpointCorruptError(UserFacingError, ValueError):
+    """A checkpoint is truncated, damaged, does not match its sha256, or holds more than tensors and plain data."""
+
+    exit_code = ExitCode.CHECKPOINT
+
+    def __init__(self, path, reason: str) -> None:
+        super().__init__(f"checkpoint {path} is damaged: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+class OutputNotWritableError(UserFacingError, OSError):
+    """A folder the run must write to (logs, checkpoints) is a file, or not writable."""
+
+    exit_code = ExitCode.CANT_CREATE
+
+
+class CheckpointWriteError(UserFacingError, OSError):
+    """A checkpoint could not be written; nothing was replaced."""
+
+    exit_code = ExitCode.CANT_CREATE
+
+
+class NothingToTrain(UserFacingError):
+    """``fit`` from a checkpoint that already finished (a requeued job that had completed): exit 0."""
+
+    exit_code = ExitCode.OK
+    prefix = ""
+    hint = ""
+    to_stdout = True
+
+
+class JobFault(UserFacingError):
+    """A fault of the job (runtime/faults.py): every rank that sees it says so; its ranks get 2 s to end."""
+
+    exit_code = ExitCode.TEMPFAIL
+    children_grace_s = 2.0
+
+    def __init__(self, message: str, children: Sequence = ()) -> None:
+        super().__init__(message)
+        self.children = list(children)
+
+
+class RunStopped(UserFacingError):
+    """Raised on every rank at the same step; rank 0 prints the line."""
+
+    every_rank = False
+
+    def __init__(self, message: str, rank: int = 0, children: Sequence = ()) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.children = list(children)
+
+
+class TrainingDiverged(RunStopped):
+    exit_code = ExitCode.DIVERGED
+
+
+class Preempted(RunStopped):
+    """A signal: stopped after a verified last.ckpt; ``exit_code`` is 143 (SIGTERM, SIGUSR1) or 130 (Ctrl-C)."""
+
+    prefix = ""
+
+    def __init__(self, message: str, exit_code: int, rank: int = 0, children: Sequence = ()) -> None:
+        super().__init__(message, rank, children)
+        self.exit_code = exit_code
+
+
+class Interrupted(UserFacingError):
+    """Ctrl-C where there is no step to stop at (start-up, a second Ctrl-C)."""
+
+    exit_code = ExitCode.INTERRUPTED
+    prefix = ""
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line: multi-line messages from jsonargparse or Lightning are folded."""
+    return " ".join(str(error).split())
+
+
+def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional[UserFacingError]:
+    """The table's entry for ``error``: itself, or the user-facing error a foreign exception stands for; None for a bug.
+
+    Lightning's MisconfigurationException and jsonargparse's ArgumentError are configuration mistakes; a torch
+    RuntimeError that :func:`runtime.faults.describe_fault` recognises is a fault of the job.
+    """
+    if isinstance(error, UserFacingError):
+        return error
+    if isinstance(error, (ArgumentError, MisconfigurationException)):
+        return ConfigError(one_line(error))
+    if isinstance(error, KeyboardInterrupt):
+        return Interrupted("interrupted (Ctrl-C)")
+    line = describe_fault(error, rank)
+    return None if line is None else JobFault(line, getattr(error, "children", ()))
+
+
+def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
+    """Rank processes this process launched: wait for them, SIGKILL what is left after ``timeout_s`` (a rank stuck
+    in a collective ignores SIGTERM)."""
+    deadline = time.monotonic() + timeout_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -> int:
+    """Run ``run`` (which returns the rank processes it launched) and return the exit code: 0, or the table's code
+    after the error's one line. ``rank()``: this process's global rank, for faults that name it."""
+    try:
+        wait_for(run())
+        return ExitCode.OK
+    except BaseException as raw:  # noqa: B902 (SystemExit from a signal outside training passes through below)
+        if isinstance(raw, SystemExit):
+            raise
+        error = as_user_facing(raw, rank())
+        if error is None:
+            raise
+        if error.every_rank or error.rank == 0:
+            stream = sys.stdout if error.to_stdout else sys.stderr
+            print(f"train.py: {error.prefix}{one_line(error)}{error.hint}", file=stream, flush=True)
+        wait_for(error.children, error.children_grace_s)
+        return int(error.exit_code)

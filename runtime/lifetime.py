@@ -1,0 +1,151 @@
+"""Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
+and what a torchrun worker can tell about its restarts. Why each: docs/reliability.md, "No unbounded hang".
+"""
+
+import atexit
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from datetime import timedelta
+from typing import Mapping, Optional
+
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
+
+TIMEOUT_ENV = "FASHION_MNIST_COLLECTIVE_TIMEOUT"
+DEFAULT_TIMEOUT_S = 300.0
+PR_SET_PDEATHSIG = 1
+LAUNCHER_PID_ENV = "FASHION_MNIST_LAUNCHER_PID"  # set by a launching train.py for the ranks it starts
+DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def collective_timeout(environ: Mapping[str, str] = os.environ) -> timedelta:
+    """``$FASHION_MNIST_COLLECTIVE_TIMEOUT`` (seconds, > 0), else 300 s. A bad value raises ValueError."""
+    raw = environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0; got {raw!r}")
+    return timedelta(seconds=seconds)
+
+
+def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
+    """Give every registered ddp/fsdp strategy name ``timeout`` (Lightning's default is torch's 30 min). Idempotent;
+    a strategy given as an object in a config file keeps its own."""
+    timeout = collective_timeout() if timeout is None else timeout
+    for name in list(StrategyRegistry):
+        entry = StrategyRegistry[name]
+        strategy = entry.get("strategy")
+        if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy)):
+            entry.setdefault("init_params", {})["timeout"] = timeout
+    return timeout
+
+
+def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether some launcher (Lightning's, torchrun, srun) started this process as a rank."""
+    return bool({"LOCAL_RANK", "SLURM_PROCID"} & set(environ))
+
+
+def mark_launcher(environ=os.environ) -> None:
+    """In a launching train.py, tell the ranks it will start its pid (see :func:`die_with_parent`)."""
+    if not is_launched_rank(environ):
+        environ[LAUNCHER_PID_ENV] = str(os.getpid())
+
+
+def _set_death_signal() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; whether the request took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
+    """In a launched rank, be SIGKILLed when the launcher dies (Linux); exit at once if it already has. Whether set."""
+    if not is_launched_rank(environ):
+        return False
+    parent = os.getppid()
+    if not _set_death_signal():
+        return False
+    lightning_rank = not ({"TORCHELASTIC_RUN_ID", "SLURM_PROCID"} & set(environ))  # torchrun/srun: the agent is parent
+    launcher = environ.get(LAUNCHER_PID_ENV, "") if lightning_rank else ""
+    if os.getppid() != parent or (launcher.isdigit() and int(launcher) != parent):
+        os._exit(128 + signal.SIGKILL)
+    return True
+
+
+def data_worker_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds a rank waits for a batch from its workers: half the collective timeout, so the stalled rank reports
+    first."""
+    return collective_timeout(environ).total_seconds() / 2
+
+
+def init_data_worker(worker_id: int) -> None:
+    """``worker_init_fn``: die with the rank; leave SIGINT, SIGTERM and SIGUSR1 to it (it stops its workers)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
+    rank = multiprocessing.parent_process()
+    if _set_death_signal() and rank is not None and os.getppid() != rank.pid:
+        os._exit(1)  # the rank died before the request took effect
+
+
+_cleanup_registered = False
+
+
+def kill_stuck_workers_at_exit() -> None:
+    """Register (once) an exit hook that SIGKILLs data workers still running; it runs before multiprocessing's own,
+    which would wait forever for a worker that ignores SIGTERM."""
+    global _cleanup_registered
+    if not _cleanup_registered:
+        _cleanup_registered = True
+        atexit.register(kill_data_workers)
+
+
+def kill_data_workers() -> None:
+    """SIGKILL this process's data workers (a rank ending because one stalled: torch would wait 5 s per loader)."""
+    children = multiprocessing.active_children()
+    if not children:
+        return
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise "worker killed" from the next line
+    for child in children:
+        try:
+            child.kill()
+        except OSError:
+            pass
+    for child in children:
+        child.join(timeout=5)
+
+
+def _int(environ: Mapping[str, str], name: str) -> int:
+    try:
+        return max(0, int(environ.get(name, "0") or 0))
+    except ValueError:
+        return 0
+
+
+def max_restarts(environ: Mapping[str, str] = os.environ) -> int:
+    """torchrun's ``--max-restarts`` when this process is one of its workers, else 0."""
+    return _int(environ, "TORCHELASTIC_MAX_RESTARTS")
+
+
+def attempt(environ: Mapping[str, str] = os.environ) -> int:
+    """1 for torchrun's first attempt (and outside torchrun), 2 after its first restart, ..."""
+    return _int(environ, "TORCHELASTIC_RESTART_COUNT") + 1
+
+
+def shared_store_warning(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The line to print when torchrun may restart this job but shares its rendezvous store with it, else None."""
+    if max_restarts(environ) == 0 or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    return (f"torchrun --max-restarts {max_restarts(environ)} shares its rendezvous store with the workers, so a "
+            f"restart can fail to connect or hang (pytorch/pytorch#135712): start torchrun with "
+            f"{DISABLE_SHARED_STORE}=1 in its environment and its c10d rendezvous (no --master-port on one node; "
+            f"--rdzv-backend c10d --rdzv-endpoint HOST:PORT on several)")

@@ -1,0 +1,133 @@
+"""Preemption: SIGTERM, SLURM's SIGUSR1 or Ctrl-C stop every rank at the same step with a verified ``last.ckpt``.
+
+The handlers only note the signal. At the next decision point (runtime/agreement.py) the ranks learn
+what any of them received; then every rank takes part in saving ``last.ckpt`` (rank 0 writes it and
+reads it back against its sha256) and raises :class:`~runtime.errors.Preempted`: exit 143 (SIGTERM,
+SIGUSR1) or 130 (Ctrl-C). Under ``accumulate_grad_batches`` > 1 the stop waits for the optimizer step.
+SIGUSR1 under SLURM also runs ``scontrol requeue`` once. Outside training there is no step to stop at:
+143 or 130 at once, as does a second Ctrl-C. Lightning's own handlers are off (runtime/compat.py).
+"""
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from runtime import compat
+from runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
+from runtime.checkpoint_io import sidecar_path, verify
+from runtime.errors import ExitCode, Preempted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
+_received = [False, False, False]  # per SIGNALS, in this process
+_in_training = False  # between on_train_start and on_train_end: defer to the next decision point
+
+
+def _handler(signum, frame) -> None:
+    index = SIGNALS.index(signum)
+    if signum == signal.SIGINT and _received[index]:
+        raise KeyboardInterrupt  # second Ctrl-C: stop at once
+    _received[index] = True
+    if not _in_training:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(int(ExitCode.PREEMPTED))
+
+
+def install_handlers() -> None:
+    """Note SIGTERM, SIGUSR1 and SIGINT in this process (main thread only)."""
+    for signum in SIGNALS:
+        signal.signal(signum, _handler)
+
+
+def received() -> List[bool]:
+    return list(_received)
+
+
+def slurm_job_id(environ=os.environ) -> Optional[str]:
+    """``<array job>_<task>`` for an array task, else ``SLURM_JOB_ID``; None when absent or not a job id."""
+    array_job, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array_job}_{task}" if array_job and task else environ.get("SLURM_JOB_ID")
+    return job_id if job_id and re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id) else None
+
+
+def requeue(job_id: str) -> str:
+    """``scontrol requeue JOB_ID``; what happened, for the one line."""
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"requeue of SLURM job {job_id} failed: {error}"
+    if result.returncode != 0:
+        detail = " ".join((result.stderr or result.stdout).split())[:200]
+        return f"requeue of SLURM job {job_id} failed (scontrol exit {result.returncode}: {detail})"
+    return f"SLURM job {job_id} requeued"
+
+
+def last_checkpoint_path(trainer: Trainer) -> Path:
+    """Where ``--ckpt_path last`` will look: the folder of the ModelCheckpoint named ``last`` (else one with
+    ``save_last``, else the first with a folder), file ``last.ckpt``."""
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+    ranked = ([cb for cb in callbacks if cb.filename == ModelCheckpoint.CHECKPOINT_NAME_LAST]
+              + [cb for cb in callbacks if cb.save_last] + callbacks)
+    folder = Path(ranked[0].dirpath) if ranked else Path(trainer.default_root_dir) / "checkpoints"
+    return folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+
+
+class Preemption(Participant):
+    """Stops every rank at the same decision point after a signal, with a verified ``last.ckpt``."""
+
+    size = len(SIGNALS)
+
+    def __init__(self) -> None:
+        self._requeued = False
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        compat.disable_lightning_signal_handling(trainer)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        global _in_training
+        install_handlers()  # again, in case anything replaced them since start-up
+        _in_training = True
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        global _in_training
+        _in_training = False
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        global _in_training
+        _in_training = False
+
+    def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
+        return torch.tensor([float(x) for x in _received], device=pl_module.device)
+
+    def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
+        """Stop now, unless this point is inside another save, between two optimizer steps (accumulated gradients
+        would be lost), or after the epoch's last batch but before its end (the stop waits for the epoch's end, so
+        its checkpoint is an end-of-epoch one). The flags stay set: the ranks decide again at the next point."""
+        flags = [any(row[i] for row in rows) for i in range(self.size)]
+        if not any(flags) or point == BEFORE_SAVE or compat.between_optimizer_steps(trainer):
+            return
+        done, total = trainer.fit_loop.epoch_loop.batch_progress.current.processed, trainer.num_training_batches
+        if point != EPOCH_END and isinstance(total, int) and done >= total:
+            return
+        interrupted, terminated, usr1 = flags
+        name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
+        exit_code = ExitCode.PREEMPTED if terminated or usr1 else ExitCode.INTERRUPTED
+        path = last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path, weights_only=False)  # every rank takes part; rank 0 writes, then a barrier
+        message = f"stopped by {name} at optimizer step {trainer.global_step} (epoch {trainer.current_epoch + 1})"
+        if trainer.is_global_zero:
+            digest = verify(path)  # raises CheckpointCorruptError (exit 66) if it did not read back
+            check = f"sha256 {digest[:12]}, {sidecar_path(path).name}" if digest else "no sha256 (remote path)"
+            message += f": checkpoint saved and verified: {path} ({check}); resume with --ckpt_path last"
+            job_id = slurm_job_id()
+            if usr1 and job_id is not None and not self._requeued:
+                self._requeued = True
+                message += f"; {requeue(job_id)}"
+        raise Preempted(message, int(exit_code), rank=trainer.global_rank, children=compat.release_children(trainer))

@@ -1,0 +1,227 @@
+"""Resume: which checkpoint ``--ckpt_path`` means, whether it has anything left to train, and what Lightning does not
+put back (the random generators, the TensorBoard run). The decisions are plain functions of plain values.
+
+* :func:`resolve`: ``last`` is the newest ``last*.ckpt`` that verifies (else the newest valid checkpoint,
+  with a warning per damaged file); under ``torchrun --max-restarts`` with nothing saved yet it starts a
+  new run; ``best`` in a new process is refused; a file must exist and load without running code.
+* :func:`finished_training`: a requeued job whose checkpoint already reached the limits exits 0.
+* :class:`RngState` and :func:`capture` / :func:`restore`: the generators' state in every checkpoint, so a
+  resumed run draws the same dropout masks as an uninterrupted one.
+* :class:`TensorBoardRun` and :func:`continue_run`: ``--ckpt_path last`` logs into the checkpoint's own
+  run folder from its step on, and TensorBoard hides what was logged after it (docs/reliability.md).
+"""
+
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from runtime import checkpoint_io, compat, lifetime
+from runtime.errors import CheckpointCorruptError, CheckpointNotFoundError, NothingToTrain, one_line
+
+KEYWORDS = ("last", "best", "hpc", "registry")  # values of --ckpt_path that name no file
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What ``--ckpt_path`` resolved to: the file to load (None: a new run), whether the run continues the
+    checkpoint's TensorBoard run, and the lines to print on rank 0 (after ``train.py: ``)."""
+
+    path: Optional[str] = None
+    continue_run: bool = False
+    lines: Tuple[str, ...] = ()
+
+
+def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
+            attempt: int = 1) -> Resume:
+    """``last_files``: the ``last*.ckpt`` candidates; ``folders``: the checkpoint folders; ``restarts``/``attempt``:
+    torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py)."""
+    if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] in ("hpc", "registry"):
+        return Resume(ckpt_path or None)
+    where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
+    if ckpt_path == "best":
+        files = sorted(str(p) for f in folders for p in Path(f).glob("*.ckpt") if not p.name.startswith("last"))
+        examples = f"; found: {', '.join(files[:3])}" if files else ""
+        raise CheckpointNotFoundError(
+            f"--ckpt_path best means the best checkpoint of this process's own fit, which a new run does not have "
+            f"yet; give the file instead (--ckpt_path FILE){examples}")
+    if ckpt_path != "last":
+        if not Path(ckpt_path).is_file():
+            raise CheckpointNotFoundError(f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or "
+                                          f"--ckpt_path last")
+        return Resume(ckpt_path)
+    last_files = {Path(p) for p in last_files}
+    if not last_files and restarts > 0:
+        return Resume(None, lines=(f"--ckpt_path last: no last checkpoint in {where} yet: starting a new run "
+                                   f"(torchrun attempt {attempt} of {restarts + 1})",))
+    if not last_files:
+        raise CheckpointNotFoundError(
+            f"--ckpt_path last: no last checkpoint (last*.ckpt) in {where}, so there is nothing to resume (Lightning "
+            f"would only warn and start from scratch); drop --ckpt_path to start a new run, or give a .ckpt file")
+    chosen, rejected = checkpoint_io.newest_valid(last_files)
+    if chosen is None:
+        others = {p for f in folders for p in Path(f).glob("*.ckpt")} - last_files
+        chosen, more = checkpoint_io.newest_valid(others)
+        rejected += more
+    if chosen is None:
+        raise CheckpointCorruptError(", ".join(e.path for e in rejected), "--ckpt_path last found no valid "
+                                     "checkpoint: " + "; ".join(e.reason for e in rejected))
+    lines = tuple(f"warning: {one_line(e)}; skipped" for e in rejected)
+    if rejected:
+        lines += (f"warning: --ckpt_path last resumes from {chosen}, the newest valid checkpoint",)
+    return Resume(str(chosen), continue_run=True, lines=lines)
+
+
+def finished_training(checkpoint: dict, max_epochs: Optional[int], max_steps: Optional[int]) -> Optional[str]:
+    """Why ``checkpoint`` has nothing left to train under these limits, or None."""
+    loops = checkpoint.get("loops") or {}
+    epochs = loops.get("fit_loop", {}).get("epoch_progress", {}).get("current", {}).get("processed")
+    steps = checkpoint.get("global_step", 0)
+    if max_steps is not None and max_steps > 0 and steps >= max_steps:
+        return f"has finished training: {steps} optimizer steps trained, --trainer.max_steps {max_steps}"
+    if max_epochs is not None and max_epochs > 0 and epochs is not None and epochs >= max_epochs:
+        return f"has finished training: {epochs} epoch(s) trained, --epochs {max_epochs}"
+    return None
+
+
+# ------------------------------------------------------------------ random generators
+
+
+def capture() -> Dict[str, Any]:
+    """torch's, numpy's and Python's generator state, as tensors, ints and tuples (loads with weights_only=True)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (str(kind), torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(cached)),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RngState(Callback):
+    """Saves the generators' state with every checkpoint (rank 0's: every rank is seeded and draws alike) and restores
+    it where the uninterrupted run had it: at the resumed epoch's start, or its first batch when resumed mid-epoch."""
+
+    def __init__(self) -> None:
+        self._pending: Optional[Dict[str, Any]] = None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return capture()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self._pending = state_dict
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Creating a DataLoader iterator draws its base seed from torch's generator; the resumed run drew it before
+        ``on_train_start`` with the seed's state, so the epoch's iterator is created again after the restore."""
+        if self._pending is None:
+            return
+        restore(self._pending)
+        self._pending = None
+        if trainer.current_epoch > 0:
+            compat.recreate_train_iterator(trainer)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
+        if self._pending is not None:  # resumed mid-epoch: Lightning skips on_train_epoch_start
+            restore(self._pending)
+            self._pending = None
+
+
+# ------------------------------------------------------------------ TensorBoard run folders
+
+
+def _tensorboard_loggers(loggers) -> list:
+    return [logger for logger in loggers if isinstance(logger, TensorBoardLogger)]
+
+
+def _root(logger: TensorBoardLogger) -> str:
+    return os.path.abspath(logger.root_dir)
+
+
+class TensorBoardRun(Callback):
+    """Saves the first TensorBoard logger's run folder (absolute root and version) with every checkpoint."""
+
+    def __init__(self) -> None:
+        self._logger: Optional[TensorBoardLogger] = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        loggers = _tensorboard_loggers(trainer.loggers)
+        self._logger = loggers[0] if loggers else None
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {} if self._logger is None else {"root": _root(self._logger), "version": self._logger.version}
+
+
+def start_run(loggers) -> None:
+    """A new run: each writer opens with a START event at step 0 (TensorBoard ignores a run's first START, so a
+    later purge at a resumed step is honoured)."""
+    for logger in _tensorboard_loggers(loggers):
+        if not compat.tensorboard_writer_open(logger) and compat.tensorboard_purge_step(logger) is None:
+            compat.set_tensorboard_run(logger, purge_step=0)
+
+
+def continue_run(loggers, checkpoint: Dict[str, Any]) -> Optional[str]:
+    """Log into the checkpoint's run folder from its global step on; returns that folder, or None (a new one)."""
+    run = (checkpoint.get("callbacks") or {}).get(TensorBoardRun.__qualname__) or {}
+    step = int(checkpoint.get("global_step", 0))
+    continued = None
+    for logger in _tensorboard_loggers(loggers):
+        if compat.tensorboard_writer_open(logger):
+            continue
+        if (run.get("version") is not None and run.get("root") == _root(logger)
+                and not compat.tensorboard_version_chosen(logger)):
+            compat.set_tensorboard_run(logger, purge_step=step, version=run["version"])
+            continued = continued or logger.log_dir
+        elif compat.tensorboard_purge_step(logger) is None:
+            compat.set_tensorboard_run(logger, purge_step=0)
+    return continued
+
+
+# ------------------------------------------------------------------ for one trainer
+
+
+def prepare(trainer: Trainer, subcommand: str, ckpt_path: Optional[str]) -> Optional[str]:
+    """Resolve ``--ckpt_path`` for ``trainer`` before anything launches and return what the subcommand loads: prints
+    the resolution's warnings on rank 0; in fit, raises NothingToTrain for a finished run and continues the
+    checkpoint's TensorBoard run (``last``) or starts a new one."""
+    checkpoints = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+    folders = sorted({str(cb.dirpath) for cb in checkpoints if cb.dirpath})
+    last = set()
+    if ckpt_path == "last":
+        last = compat.last_checkpoint_files(trainer) | {
+            cb.ckpt_path for cb in trainer.callbacks if isinstance(cb, OnExceptionCheckpoint) and os.path.isfile(cb.ckpt_path)}
+    resumed = resolve(ckpt_path, last, folders, lifetime.max_restarts(), lifetime.attempt())
+    if trainer.is_global_zero:
+        for line in resumed.lines:
+            print(f"train.py: {line}", file=sys.stderr, flush=True)
+    continued = False
+    if resumed.path and (subcommand == "fit" or resumed.continue_run) and Path(resumed.path).is_file():
+        checkpoint = checkpoint_io.load(resumed.path)  # no code runs; a damaged file ends here (exit 66)
+        done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if subcommand == "fit" else None
+        if done:
+            raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
+        if subcommand == "fit" and resumed.continue_run:
+            continued = continue_run(trainer.loggers, checkpoint) is not None
+    if subcommand == "fit" and not continued:
+        start_run(trainer.loggers)
+    return resumed.path

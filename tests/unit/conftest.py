@@ -1,0 +1,36 @@
+"""The unit tier: no subprocess, no process group; whole runs only in-process on the tiny data (``make test-unit``)."""
+
+import signal
+
+import pytest
+from lightning.pytorch import Trainer
+
+from datamodules import FashionMNISTDataModule
+from lightning_modules import FashionMNISTClassifier
+from runtime import preemption
+
+
+@pytest.fixture
+def clean_signals():
+    """Preemption's module state and this process's signal handlers, as they were before the test."""
+    handlers = {signum: signal.getsignal(signum) for signum in preemption.SIGNALS}
+    yield preemption
+    preemption._received[:] = [False] * len(preemption.SIGNALS)
+    preemption._in_training = False
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+
+
+def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="mlp", lr=0.05, **trainer_args):
+    """Fit the mlp on the tiny data (256 images: 8 steps per epoch at batch 32) in this process; returns the trainer.
+
+    ``install``: a function called with the trainer before fit (e.g. ``runtime.install``)."""
+    settings = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+                    enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(folder))
+    settings.update(trainer_args)
+    trainer = Trainer(callbacks=list(callbacks), **settings)
+    if install is not None:
+        install(trainer)
+    data = FashionMNISTDataModule(data_dir=str(root), batch_size=batch_size, download=False)
+    trainer.fit(FashionMNISTClassifier(batch_size=batch_size, network=network, base_lr=lr), datamodule=data)
+    return trainer

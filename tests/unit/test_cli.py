@@ -1,0 +1,164 @@
+"""train.py as users type it: both command-line forms, config files, help, and one-line errors."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli import app as train
+from tests.conftest import REPO
+
+CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+
+
+def printed_config(capsys, args) -> dict:
+    with pytest.raises(SystemExit) as exit_info:
+        train.main([*args, "--print_config"])
+    assert exit_info.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_shorthand_and_full_keys_give_the_same_config(capsys, workdir):
+    short = printed_config(
+        capsys,
+        ["--strategy", "ddp", "--devices", "4", "--accelerator", "cpu", "--num_nodes", "2", "--precision", "bf16-mixed",
+         "--epochs", "7", "--batch_size", "64", "--lr", "0.2", "--optimizer", "lamb", "--seed", "3"],
+    )
+    full = printed_config(
+        capsys,
+        ["fit", "--trainer.strategy", "ddp", "--trainer.devices", "4", "--trainer.accelerator", "cpu",
+         "--trainer.num_nodes", "2", "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "7",
+         "--data.batch_size", "64", "--model.base_lr", "0.2", "--model.optimizer", "lamb", "--seed_everything", "3"],
+    )
+    assert short == full
+    assert short["trainer"]["strategy"] == "ddp" and short["trainer"]["max_epochs"] == 7
+    assert short["data"]["batch_size"] == 64 and short["model"]["base_lr"] == 0.2 and short["seed_everything"] == 3
+
+
+def test_default_config_is_loaded_without_flags_and_names_tensorboard(capsys, workdir):
+    config = printed_config(capsys, [])
+    assert config["trainer"]["logger"]["class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
+    callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
+    assert "callbacks.ThroughputReport" in callbacks and "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
+    assert config["model"]["network"] == "cnn" and config["data"]["batch_size"] == 128
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_yaml_in_configs_loads(capsys, workdir, config):
+    loaded = printed_config(capsys, ["--config", str(REPO / config)])
+    overrides = yaml.safe_load(Path(REPO / config).read_text())
+    for section, values in overrides.items():
+        if isinstance(values, dict):
+            for key, value in values.items():
+                if not isinstance(value, (dict, list)):
+                    assert str(loaded[section][key]) == str(value), f"{config}: {section}.{key}"
+
+
+def test_recipe_and_strategy_files_stack_later_wins(capsys, workdir):
+    config = printed_config(
+        capsys,
+        ["--config", str(REPO / "configs/recipes/sgd.yaml"), "--config", str(REPO / "configs/strategy/ddp.yaml"),
+         "--network", "cnn"],
+    )
+    assert config["trainer"]["strategy"] == "ddp" and config["model"]["base_lr"] == 0.01
+    assert config["model"]["network"] == "cnn" and config["data"]["batch_size"] == 32
+
+
+def test_help_lists_the_shorthand_flags(capsys, workdir):
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    out = capsys.readouterr().out
+    assert "--batch_size" in out and "= --data.batch_size" in out and "--trainer.max_epochs" in out
+
+
+BAD_VALUES = [
+    (["--strategy", "foo"], "invalid strategy name"),
+    (["--devices", "0"], "devices"),
+    (["--accelerator", "tpu"], "torch_xla"),
+    (["--num_nodes", "0"], "num_nodes"),
+    (["--precision", "7"], "trainer.precision"),
+    (["--epochs", "0"], "trainer.max_epochs (--epochs) must be >= 1"),
+    (["--epochs", "two"], "trainer.max_epochs"),
+    (["--batch_size", "0"], "data.batch_size"),
+    (["--lr", "-1"], "model.base_lr"),
+    (["--lr", "nan"], "model.base_lr"),
+    (["--lr", "inf"], "model.base_lr must be a finite number"),
+    (["--optimizer", "adam"], "model.optimizer"),
+    (["--network", "vgg"], "model.network"),
+    (["--lr_scaling", "cubic"], "model.lr_scaling"),
+    (["--warmup_epochs", "-1"], "model.warmup_epochs"),
+    (["--seed", "abc"], "seed_everything"),
+    (["--deterministic", "maybe"], "trainer.deterministic"),
+    (["--target_accuracy", "1.5"], "stop_at_target.target_accuracy"),
+    (["--patience", "0"], "stop_at_target.patience"),
+    (["--lr"], "--lr needs a value"),
+    (["--epochs", "2", "--trainer.max_epochs", "3"], "conflicting values"),
+    (["--no_such_flag", "1"], "unrecognized arguments"),
+    (["--strategy", "fsdp", "--optimizer", "lamb"], "--optimizer lamb computes per-layer norms"),
+    (["--strategy", "fsdp", "--accelerator", "cpu", "--optimizer", "lars"], "use --strategy ddp with lars"),
+    (["--strategy", "fsdp_cpu", "--optimizer", "novograd"], "fsdp gives each rank only a slice of a layer"),
+    # Accepted by Lightning or jsonargparse, refused by train.py (cli/checks.py, the classifier).
+    (["--devices", "-1", "--accelerator", "cpu"], "trainer.devices (--devices) is -1 (every GPU), but the accelerator is cpu"),
+    (["--devices", "0,1", "--accelerator", "cpu"], "is '0,1', a list of GPU indices, but the accelerator is cpu"),
+    (["--devices", "two"], "trainer.devices (--devices) is 'two': give a number, auto, -1 or a list of GPU indices"),
+    (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches is 0: give a whole number >= 1"),
+    (["--trainer.accumulate_grad_batches", "-2"], "trainer.accumulate_grad_batches is -2"),
+    (["--epochs", "-5"], "trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got -5"),
+    (["--batch_size", "-3"], "data.batch_size"),
+    (["--lr", "0"], "model.base_lr"),
+    (["--warmup_epochs", "inf"], "model.warmup_epochs must be a finite number"),
+    (["--model.momentum", "inf"], "model.momentum must be a finite number"),
+    (["--model.label_smoothing", "2"], "model.label_smoothing must be between 0 and 1"),
+    (["--model.momentum", "1.5"], "model.momentum must be >= 0 and < 1"),
+    (["--check_every_n_steps", "0"], "check_every_n_steps"),
+    (["--config", "missing.yaml"], "File does not exist"),
+    (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
+    (["--config", "broken.yaml"], "--config broken.yaml: not valid YAML"),
+    (["--config", "text.yaml"], "--config text.yaml: holds a str ('just a sentence')"),
+]
+# Config files the BAD_VALUES above name, written into the test's working directory.
+BAD_CONFIG_FILES = {"empty.yaml": "# only a comment\n", "broken.yaml": "trainer: [devices: 2\n", "text.yaml": "just a sentence\n"}
+
+
+@pytest.mark.parametrize("args, message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
+def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root, args, message):
+    for name, text in BAD_CONFIG_FILES.items():
+        (workdir / name).write_text(text)
+    code = train.main(["--data_dir", str(fashion_root), *args])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert code == 2
+    assert len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
+    assert not (workdir / "runs").exists()  # nothing written before the mistake was reported
+
+
+
+
+
+
+@pytest.mark.parametrize("keyword, message", [
+    ("last", "--ckpt_path last: no last checkpoint (last*.ckpt) in {folder}, so there is nothing to resume"),
+    ("best", "--ckpt_path best means the best checkpoint of this process's own fit"),
+])
+def test_checkpoint_keyword_without_a_checkpoint_exits_66(capsys, workdir, fashion_root, keyword, message):
+    """Lightning warns and trains from scratch for ``last``, raises a traceback for ``best``."""
+    code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", keyword])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    folder = workdir / "runs" / "fashion_mnist" / "checkpoints"
+    assert code == 66
+    assert len(errors) == 1 and message.format(folder=folder) in errors[0], err
+    assert not (workdir / "runs").exists()
+
+
+def test_log_folder_that_is_a_file_exits_73_before_anything_runs(capsys, workdir, fashion_root):
+    (workdir / "runs").write_text("not a folder")
+    code = train.main(["--data_dir", str(fashion_root)])
+    err = capsys.readouterr().err
+    assert code == 73
+    assert f"train.py: error: trainer.logger.init_args.save_dir is runs, which cannot be written: " \
+        f"{workdir / 'runs'} is a file, not a folder" in err, err
+    assert (workdir / "runs").read_text() == "not a folder"
+
+

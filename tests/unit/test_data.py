@@ -1,0 +1,121 @@
+"""Fashion-MNIST files: where they are looked for, what a missing file says, and how batches are served."""
+
+import gzip
+import shutil
+import struct
+import time
+
+import pytest
+import torch
+
+from cli import app as train
+from datamodules import FashionMNISTDataModule
+from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD
+from datamodules.files import default_data_dir, torchvision_root
+from datamodules.in_memory import InMemoryImages
+from runtime.errors import CorruptDataError
+from tests.idx_files import sample_ids
+
+
+# Each way an IDX file can be damaged: (file, how, what the one line must say). torchvision 0.29 accepts the
+# label-count and label-value cases (training then fails mid-epoch or silently drops images), and fails on the
+# others with messages that name neither the file nor the problem (datamodules/files.py).
+def _header(magic: int, *dims: int) -> bytes:
+    return struct.pack(f">I{len(dims)}I", magic, *dims)
+
+
+CORRUPTIONS = {
+    "empty": ("t10k-labels-idx1-ubyte", lambda b: b"", "is empty (0 bytes)"),
+    "header-cut": ("train-labels-idx1-ubyte", lambda b: b[:6], "is 6 bytes, shorter than its 8-byte header"),
+    "images-truncated": ("train-images-idx3-ubyte", lambda b: b[: len(b) // 2],
+                         "truncated: 100360 bytes, expected 200720 (16-byte header + 256×28×28)"),
+    "trailing-bytes": ("t10k-images-idx3-ubyte", lambda b: b + b"extra", "has trailing bytes: 79205 bytes, expected 79200"),
+    "still-gzipped": ("train-images-idx3-ubyte", lambda b: gzip.compress(b), "is still gzip-compressed"),
+    "wrong-magic": ("train-images-idx3-ubyte", lambda b: _header(0x801, 256, 28, 28) + b[8:],
+                    "bad magic number 0x00000801, expected 0x00000803"),
+    "not-28x28": ("t10k-images-idx3-ubyte", lambda b: _header(0x803, 101, 32, 24) + b[16:16 + 101 * 32 * 24].ljust(101 * 32 * 24, b"\0"),
+                  "images are 32×24 pixels, expected 28×28"),
+    "fewer-labels": ("train-labels-idx1-ubyte", lambda b: _header(0x801, 200) + b[8:208],
+                     "holds 200 labels but train-images-idx3-ubyte holds 256 images"),
+    "labels-truncated": ("train-labels-idx1-ubyte", lambda b: b[:-50], "truncated: 214 bytes, expected 264"),
+    "label-out-of-range": ("t10k-labels-idx1-ubyte", lambda b: b[:8 + 7] + bytes([99]) + b[8 + 8:],
+                           "label 99 at index 7 is outside 0..9"),
+}
+
+@pytest.fixture
+def damaged_copy(tmp_path, fashion_root):
+    """A fresh copy of the tiny data set; the test damages one file of it."""
+    root = tmp_path / "damaged"
+    shutil.copytree(fashion_root, root)
+    return root
+
+
+def test_data_dir_comes_from_flag_then_environment_then_dot_data(monkeypatch, tmp_path):
+    monkeypatch.delenv("FASHION_MNIST_DIR", raising=False)
+    assert default_data_dir() == "data"
+    monkeypatch.setenv("FASHION_MNIST_DIR", str(tmp_path))
+    assert FashionMNISTDataModule().data_dir == str(tmp_path)
+    assert FashionMNISTDataModule(data_dir="elsewhere").data_dir == "elsewhere"
+
+
+def test_data_dir_may_name_the_root_the_dataset_folder_or_raw(fashion_root):
+    for given in (fashion_root, fashion_root / "FashionMNIST", fashion_root / "FashionMNIST" / "raw"):
+        assert torchvision_root(str(given)) == fashion_root
+        assert FashionMNISTDataModule(data_dir=str(given), download=False).missing_files() == []
+
+
+def test_train_split_is_one_uint8_tensor_and_a_batch_is_one_gather(fashion_root):
+    dm = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=32, download=False)
+    dm.setup("fit")
+    assert dm.train_set.images.dtype == torch.uint8 and dm.train_set.images.shape == (256, 1, 28, 28)
+    assert len(dm.test_set) == 101
+    images, targets = next(iter(dm.train_dataloader()))
+    assert images.dtype == torch.uint8 and images.shape == (32, 1, 28, 28) and targets.shape == (32,)
+    normalised, same_targets = dm.on_after_batch_transfer((images, targets), 0)
+    assert normalised.dtype == torch.float32 and torch.equal(same_targets, targets)
+    expected = (images.float() / 255 - PIXEL_MEAN) / PIXEL_STD
+    assert torch.allclose(normalised, expected, atol=1e-6)
+    ids = sample_ids(normalised)
+    assert torch.equal(dm.train_set.targets[ids], targets)  # each image still has its own label
+
+
+def test_getitems_serves_exactly_the_requested_samples():
+    images = torch.arange(5 * 28 * 28, dtype=torch.int64).reshape(5, 28, 28).to(torch.uint8)
+    data = InMemoryImages(images, torch.tensor([0, 1, 2, 3, 4]))
+    batch_images, batch_targets = data.__getitems__([4, 1])
+    assert batch_targets.tolist() == [4, 1]
+    assert torch.equal(batch_images[:, 0], images[[4, 1]])
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_damaged_file_gives_one_line_naming_file_and_problem_exit_65(capsys, workdir, damaged_copy, kind):
+    name, damage, problem = CORRUPTIONS[kind]
+    path = damaged_copy / "FashionMNIST" / "raw" / name
+    path.write_bytes(damage(path.read_bytes()))
+    started = time.monotonic()
+    code = train.main(["--data_dir", str(damaged_copy), "--data.download", "false", "--epochs", "1"])
+    assert time.monotonic() - started < 10  # after imports: parse, build, check (the check itself takes ms)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert code == 65
+    assert len(errors) == 1 and f"{path.resolve()}: {problem}" in errors[0], err
+    assert "Traceback" not in err
+    assert not (workdir / "runs").exists()  # found before anything was written
+
+
+def test_one_missing_file_is_named(capsys, workdir, damaged_copy):
+    (damaged_copy / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").unlink()
+    code = train.main(["--data_dir", str(damaged_copy), "--data.download", "false"])
+    err = capsys.readouterr().err
+    assert code == 65 and "missing t10k-labels-idx1-ubyte and download is disabled" in err, err
+
+
+def test_setup_checks_the_files_on_every_rank(damaged_copy):
+    """A rank whose node holds a damaged copy (prepare_data ran elsewhere) stops in setup, not mid-epoch."""
+    path = damaged_copy / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes()[:8] + bytes([10]) + path.read_bytes()[9:])
+    dm = FashionMNISTDataModule(data_dir=str(damaged_copy), download=False)
+    with pytest.raises(CorruptDataError, match="label 10 at index 0 is outside 0..9"):
+        dm.setup("fit")
+
+

@@ -1,0 +1,189 @@
+"""Resume without a Trainer: what ``--ckpt_path`` resolves to, when a run is finished, the generators' state, the
+TensorBoard run a resume continues, and the loader's position (datamodules/resumable.py)."""
+
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import SequentialSampler
+
+from datamodules.resumable import (
+    DataPositionWarning,
+    ResumableDistributedSampler,
+    ResumableLoader,
+    check_position,
+)
+from runtime.checkpoint_io import VerifiedCheckpointIO
+from runtime.compat import tensorboard_purge_step
+from runtime.errors import CheckpointCorruptError, CheckpointNotFoundError
+from runtime.resume import (
+    Resume,
+    TensorBoardRun,
+    capture,
+    continue_run,
+    finished_training,
+    resolve,
+    restore,
+    start_run,
+)
+
+
+def loader(epoch: int, rank: int = 0) -> ResumableLoader:
+    """50 numbers, 2 ranks (25 each), batch 4: 7 batches per epoch, the last of 1."""
+    data = list(range(50))
+    sampler = ResumableDistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=7)
+    sampler.set_epoch(epoch)
+    return ResumableLoader(data, batch_size=4, sampler=sampler)
+
+
+def batches(iterable) -> list:
+    return [batch.tolist() for batch in iterable]
+
+
+def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):
+    state = capture()
+    torch.save({"callbacks": {"RngState": state}}, tmp_path / "x.ckpt")
+    loaded = torch.load(tmp_path / "x.ckpt", weights_only=True)["callbacks"]["RngState"]  # as LightningCLI reads it
+    expected = torch.rand(5)
+    restore(loaded)
+    assert torch.equal(torch.rand(5), expected)
+
+
+def test_a_loader_given_its_saved_position_hands_out_exactly_the_rest_of_that_epoch():
+    for rank in (0, 1):
+        whole = batches(loader(epoch=1, rank=rank))
+        first = loader(epoch=1, rank=rank)
+        iterator = iter(first)
+        head = [next(iterator).tolist() for _ in range(3)]
+        state = first.state_dict()
+        assert state == {"epoch": 1, "batches": 3, "batch_size": 4, "world_size": 2}
+
+        again = loader(epoch=0, rank=rank)  # a new process: its sampler's epoch comes from the state
+        again.load_state_dict(state)
+        rest = batches(again)
+        assert head + rest == whole and len(rest) == 4 and len(again) == 7
+        assert again.state_dict()["batches"] == 7
+        again.sampler.set_epoch(2)
+        assert len(batches(again)) == 7  # the next epoch is whole
+
+
+def test_a_saved_position_of_another_epoch_is_dropped():
+    """A checkpoint written at the end of epoch 1 (position: epoch 0, all 7 batches) resumes with epoch 2, whole."""
+    resumed = loader(epoch=0)
+    resumed.load_state_dict({"epoch": 0, "batches": 7, "batch_size": 4, "world_size": 2})
+    resumed.sampler.set_epoch(1)  # Lightning's set_epoch before the epoch's first batch
+    assert batches(resumed) == batches(loader(epoch=1))
+
+
+def test_the_loader_lightning_makes_for_overfit_batches_is_a_plain_one():
+    """--trainer.overfit_batches: Lightning re-creates the training loader with a SequentialSampler (no position)."""
+    plain = ResumableLoader(list(range(10)), batch_size=4, sampler=SequentialSampler(range(10)))
+    plain.load_state_dict({"epoch": 0, "batches": 1, "batch_size": 4, "world_size": 1})
+    assert batches(plain) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]] and plain.state_dict() == {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_position(plain, epoch=0, batches_before=5)
+
+
+def test_a_shifted_resume_is_never_silent():
+    """No position in the checkpoint (Lightning is at batch 4, the loader at 1), another batch size, or a resume
+    between two optimizer steps: one DataPositionWarning each; an exact resume: none."""
+    plain = loader(epoch=1)
+    next(iter(plain))
+    with pytest.warns(DataPositionWarning, match="out of step with the resumed loop: Lightning is at batch 4"):
+        check_position(plain, epoch=1, batches_before=3)
+
+    with pytest.warns(DataPositionWarning, match="batch size 8 per process"):
+        loader(epoch=1).load_state_dict({"epoch": 1, "batches": 3, "batch_size": 8, "world_size": 2})
+
+    state = {"epoch": 1, "batches": 3, "batch_size": 4, "world_size": 2}
+    between = loader(epoch=1)
+    between.load_state_dict(state)
+    next(iter(between))
+    with pytest.warns(DataPositionWarning, match="the gradients of batch 3 were not in the checkpoint"):
+        check_position(between, epoch=1, batches_before=3, accumulate=2)
+
+    exact = loader(epoch=1)
+    exact.load_state_dict(state)
+    iterator = iter(exact)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batches_before in (3, 4):
+            next(iterator)
+            check_position(exact, epoch=1, batches_before=batches_before, accumulate=1)
+
+
+
+
+def save(path: Path, step: int = 8, mtime: float = 0.0) -> Path:
+    VerifiedCheckpointIO().save_checkpoint({"global_step": step}, path)
+    if mtime:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_last_resolves_to_the_newest_valid_last_checkpoint_and_continues_its_run(tmp_path):
+    old, new = save(tmp_path / "last-v1.ckpt", mtime=time.time() - 60), save(tmp_path / "last.ckpt")
+    assert resolve("last", {old, new}, [tmp_path]) == Resume(str(new), continue_run=True)
+    new.write_bytes(new.read_bytes()[:-10])  # truncated: skipped with a warning
+    resumed = resolve("last", {old, new}, [tmp_path])
+    assert resumed.path == str(old) and resumed.continue_run
+    assert resumed.lines[0].startswith("warning: checkpoint") and "last.ckpt is damaged" in resumed.lines[0]
+    assert resumed.lines[1].startswith("warning: --ckpt_path last resumes from")
+
+
+def test_last_falls_back_to_any_valid_checkpoint_and_fails_when_none_is(tmp_path):
+    best = save(tmp_path / "best-epoch00.ckpt")
+    last = tmp_path / "last.ckpt"
+    last.write_bytes(b"not a checkpoint")
+    assert resolve("last", {last}, [tmp_path]).path == str(best)
+    best.unlink()
+    with pytest.raises(CheckpointCorruptError, match="--ckpt_path last found no valid checkpoint"):
+        resolve("last", {last}, [tmp_path])
+
+
+def test_last_with_nothing_saved_is_refused_except_under_torchrun_restarts(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match=r"no last checkpoint \(last\*.ckpt\) in .*nothing to resume"):
+        resolve("last", set(), [tmp_path])
+    first = resolve("last", set(), [tmp_path], restarts=3, attempt=1)
+    assert first.path is None and first.lines[0].endswith("starting a new run (torchrun attempt 1 of 4)")
+
+
+def test_best_files_and_lightnings_own_keywords(tmp_path):
+    save(tmp_path / "best-epoch03.ckpt")
+    with pytest.raises(CheckpointNotFoundError, match="give the file instead.*best-epoch03.ckpt"):
+        resolve("best", set(), [tmp_path])
+    with pytest.raises(CheckpointNotFoundError, match="checkpoint not found: nope.ckpt"):
+        resolve("nope.ckpt", set(), [tmp_path])
+    assert resolve(str(tmp_path / "best-epoch03.ckpt"), set(), []) == Resume(str(tmp_path / "best-epoch03.ckpt"))
+    assert resolve("s3://bucket/x.ckpt", set(), []).path == "s3://bucket/x.ckpt"
+    assert resolve("hpc", set(), []).path == "hpc" and resolve(None, set(), []) == Resume()
+
+
+def test_a_run_is_finished_by_epochs_or_steps():
+    checkpoint = {"global_step": 24, "loops": {"fit_loop": {"epoch_progress": {"current": {"processed": 3}}}}}
+    assert finished_training(checkpoint, max_epochs=3, max_steps=-1) == \
+        "has finished training: 3 epoch(s) trained, --epochs 3"
+    assert finished_training(checkpoint, max_epochs=4, max_steps=-1) is None
+    assert "24 optimizer steps trained" in finished_training(checkpoint, max_epochs=10, max_steps=20)
+
+
+def test_last_continues_the_checkpoints_tensorboard_run_from_its_step(tmp_path):
+    """A new run's writer opens with a purge at step 0; ``last`` reopens the checkpoint's version, purged at its
+    step, and a checkpoint of another folder starts a new version."""
+    first = TensorBoardLogger(save_dir=tmp_path, name="fm")
+    start_run([first])
+    first.log_metrics({"x": 1.0}, step=0)
+    run = TensorBoardRun()
+    run._logger = first
+    checkpoint = {"global_step": 16, "callbacks": {"TensorBoardRun": run.state_dict()}}
+    resumed = TensorBoardLogger(save_dir=tmp_path, name="fm")
+    assert continue_run([resumed], checkpoint) == first.log_dir and resumed.version == first.version
+    assert tensorboard_purge_step(resumed) == 16
+    other = TensorBoardLogger(save_dir=tmp_path / "elsewhere", name="fm")
+    assert continue_run([other], checkpoint) is None and tensorboard_purge_step(other) == 0
+    assert other.version == 0 and resumed.log_dir != other.log_dir
