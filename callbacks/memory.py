@@ -40,13 +40,8 @@ def model_state_mb(module: torch.nn.Module, optimizers: Iterable[torch.optim.Opt
 
 
 class PeakMemory(Callback):
-    """Reports the model state per rank once, and peak memory every epoch.
-
-    After the first epoch (when the optimizer state exists) rank 0 prints the
-    largest rank's parameters and optimizer state and logs ``memory/parameters_mb``
-    and ``memory/optimizer_state_mb``; each epoch it logs ``memory/peak_mb`` (the
-    largest over ranks) and ``memory/peak_mb_rank<i>``.
-    """
+    """After the first epoch, rank 0 prints and logs the largest rank's parameters and optimizer state; every epoch
+    ``memory/peak_mb`` (largest over ranks) and ``memory/peak_mb_rank<i>``."""
 
     def __init__(self) -> None:
         self._state_reported = False

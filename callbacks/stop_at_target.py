@@ -34,17 +34,13 @@ def format_stop_line(epoch: int, accuracy: float, target: float, patience: int, 
 
 
 class StopAtTarget(Callback):
-    """Stops after ``patience`` consecutive validated epochs with ``monitor`` >= ``target_accuracy``.
-
-    Rank 0 prints one line (epoch, accuracy, cumulative training seconds as in the epoch
-    line, from ``callbacks.ThroughputReport``). Epochs without a validation pass neither
-    count nor break the streak. The streak is saved in checkpoints, so a resumed run goes on counting.
+    """Stops after ``patience`` consecutive validated epochs with ``monitor`` >= ``target_accuracy``; rank 0 prints
+    one line. Epochs without validation neither count nor break the streak; the streak is checkpointed.
 
     Args:
         target_accuracy: Validation accuracy to reach, e.g. 0.85; ``None``: never stop early.
         patience: Consecutive epochs at or above the target before stopping.
-        monitor: The logged metric compared with the target.
-    """
+        monitor: The logged metric compared with the target."""
 
     def __init__(self, target_accuracy: Optional[ClosedUnitInterval] = None, patience: PositiveInt = 2,
                  monitor: str = "val/acc") -> None:

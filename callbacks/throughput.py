@@ -1,11 +1,5 @@
-"""Images/sec and cumulative training time per epoch, measured over all ranks, validation excluded.
-
-Lightning's ``ThroughputMonitor`` reports rank 0's rate × world size, which
-assumes every rank is as fast as rank 0. Here each rank times its own training
-(device synchronised before every clock read at epoch and validation
-boundaries), the counts are gathered, and the global rate is all images of all
-ranks over the slowest rank's training time: what a user waits for.
-"""
+"""Images/sec and cumulative training time per epoch over all ranks, validation excluded: all ranks' images over the
+slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0)."""
 
 import re
 import time
@@ -144,30 +138,16 @@ def parse_epoch_lines(text: str) -> List[EpochLine]:
 
 
 def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
-    """Write already-gathered, global values straight to the loggers (rank 0 only).
-
-    Not ``self.log``: that would make Lightning reduce them again, and reading
-    ``trainer.callback_metrics`` on rank 0 alone would then wait for the other ranks.
-
-    At the step of the optimizer step just taken, as Lightning numbers it (``train/loss`` of that batch and the
-    epoch's ``val/*`` share it), not ``global_step``: that is the step the next epoch starts at, so an epoch's
-    figures stay below the step a resume from its checkpoint purges from (callbacks/tensorboard_run.py).
-    """
+    """Already-gathered global values straight to the loggers, rank 0 only (``self.log`` would reduce them again), at the
+    step just taken, beside ``val/*``: an epoch's figures stay below the step a resume purges from (runtime/resume.py)."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=max(trainer.global_step - 1, 0))
 
 
 class ThroughputReport(Callback):
-    """Prints the workshop's epoch line on rank 0 and logs throughput and timing scalars.
-
-    Logged: ``throughput/images_per_sec`` (all ranks), ``throughput/images_per_sec_per_device``,
-    ``time/epoch_s`` and ``time/cumulative_s`` (training only), ``time/data_wait_s`` and
-    ``time/compute_s`` (per epoch, mean over ranks), and once ``time/first_step_s``: rank 0's first
-    training step, which carries ``torch.compile``, cuDNN autotuning and allocator warm-up. With
-    ``--model.compile true`` rank 0 also prints it, so compilation is visible apart from the
-    steady rate (it stays inside epoch 1's time: the user waits for it).
-    """
+    """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
+    reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
     def __init__(self) -> None:
         self.clock = EpochClock()

@@ -1,11 +1,5 @@
-"""``time_to_accuracy.csv`` (and ``.png``): validation accuracy against cumulative training time, one row per epoch.
-
-The time is ``callbacks.ThroughputReport``'s cumulative training time (validation
-excluded), the number the epoch line prints, so the CSV, the epoch lines and TensorBoard's
-``time/cumulative_s`` agree. Written by rank 0 into the run's log folder, rewritten every
-epoch (a stopped run keeps its rows); the plot is drawn when training ends, if matplotlib
-is installed. The DLI course plots the same record to compare recipes by time to a target.
-"""
+"""``time_to_accuracy.csv`` (and ``.png``): validation accuracy against the epoch line's cumulative training time,
+one row per epoch, rewritten every epoch by rank 0 in the run's folder; the plot is drawn when training ends."""
 
 import csv
 from pathlib import Path

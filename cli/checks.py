@@ -1,17 +1,6 @@
-"""Pre-launch checks of the user's input that Lightning and jsonargparse do not make, each failing with one line.
-
-Plain functions of plain values where possible, so tests can call them with any machine's counts.
-The CLI calls them before anything is instantiated (:func:`check_config`, config files) or, for the
-output folders, before the launcher starts a process or creates a process group.
-
-``--devices``, decided here and documented in the README:
-
-* a number N: N processes on CPU (at most ``os.cpu_count()`` per node: Lightning would start
-  64 gloo processes on a 2-core machine), N GPUs per node (at most the visible ones);
-* ``auto``: Lightning's choice, every visible GPU, or 1 process on CPU;
-* ``-1``: every visible GPU; refused on CPU, where it has no count to mean;
-* a list (``0,2`` or ``[0,2]``): those GPU indices, each visible; refused on CPU.
-"""
+"""Pre-launch checks of values Lightning and jsonargparse accept but cannot run, each failing with one line; plain
+functions of plain values where possible, so tests give them any machine's counts. ``--devices``: README, "Command
+line"."""
 
 import os
 from pathlib import Path

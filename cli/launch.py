@@ -1,12 +1,6 @@
-"""Run train.py (or torchrun) as subprocesses: one launcher for tests, experiments and benchmarks.
-
-Each job runs in a new session with a clean environment (no outer launcher's or cluster's
-variables, unbuffered, one thread per process), its output goes to files, and it runs under a
-hard deadline. Its exit is observed without reaping it (``WNOWAIT``: its pid, and so its process
-group id, cannot be reused meanwhile), and :func:`stop` then signals its process group and every
-process below it found through /proc (Linux) before reaping it: Lightning's ranks and torchrun's
-workers never outlive the job.
-"""
+"""Run train.py (or torchrun) as subprocesses: the one launcher of tests, experiments and benchmarks. Each job gets a
+clean environment, its own session, output files and a hard deadline; :func:`stop` then ends its process group and
+everything below it (found through /proc), so Lightning's ranks and torchrun's workers never outlive it."""
 
 import os
 import signal

@@ -1,11 +1,5 @@
-"""Turn the workshop-style command line into LightningCLI's.
-
-``python train.py --strategy ddp --devices 4`` is what users type; LightningCLI
-wants ``python train.py fit --trainer.strategy ddp --trainer.devices 4``. This
-module does that rewrite, and nothing else, so that the full keys, ``--config``
-files and the subcommands keep LightningCLI's own meaning: arguments are read in
-order and a later one wins.
-"""
+"""The workshop's command line (``--strategy ddp --devices 4``) rewritten to LightningCLI's (``fit --trainer.strategy
+ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcommands keep their meaning."""
 
 from typing import Dict, List, Optional, Sequence
 

@@ -1,14 +1,6 @@
-"""Batched augmentation of uint8 image batches, on whatever device the batch is on.
-
-One random crop (with zero padding) and one horizontal flip for a whole N×1×H×W
-batch cost a pad, one gather and one ``where``, instead of 2×N small PIL
-operations per step. Padding is black (0), the background of Fashion-MNIST, so
-augmentation runs before normalisation.
-
-Random numbers come from a generator seeded by (run seed, rank, epoch, batch),
-not from the global RNG: a run resumed from a checkpoint draws the same crops and
-flips as an uninterrupted one, and ranks draw independently of each other.
-"""
+"""Random crop and horizontal flip of a whole uint8 batch on its device: a pad, a gather and a ``where`` instead
+of 2×N PIL operations. Draws come from a generator seeded by (seed, rank, epoch, batch), so a resumed run draws the
+same and ranks draw independently."""
 
 import hashlib
 

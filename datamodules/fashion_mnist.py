@@ -1,13 +1,5 @@
-"""Fashion-MNIST as a LightningDataModule: files, splits, distributed sampling and fast batches.
-
-torchvision's ``FashionMNIST`` reads (and, with network, downloads) the IDX
-files; after that the whole split is one uint8 tensor in memory and a batch is a
-single index gather, so no step pays for 128 PIL conversions. When training on a
-GPU the split itself lives in GPU memory, so a batch never crosses the PCIe bus.
-Pixels stay uint8 until the batch is on the device, where the optional
-augmentation (random crop, horizontal flip: datamodules/augment.py) and the
-normalisation run batched.
-"""
+"""Fashion-MNIST as a LightningDataModule: splits held in memory (on the GPU when training there), distributed
+sampling, and uint8 batches normalised and augmented on the device."""
 
 import os
 from pathlib import Path
@@ -170,15 +162,8 @@ class FashionMNISTDataModule(LightningDataModule):
         return per_device if plan is None else plan.loader_batch(per_device)
 
     def train_dataloader(self) -> DataLoader:
-        """Disjoint shards, reshuffled each epoch, in an order that does not depend on the world size.
-
-        A DistributedSampler for every world size (also 1): step i of N ranks at batch B
-        trains on exactly the images of step i of 1 rank at batch N×B, which is what makes
-        ddp equivalent to a bigger single-process batch (tests/test_equivalence.py).
-        The seed is Lightning's (``--seed_everything``); Lightning calls ``set_epoch``.
-        The loader's position (epoch, batch) goes into every checkpoint, so a run resumed from one saved
-        mid-epoch continues at the next batch (datamodules/resumable.py).
-        """
+        """Disjoint shards of one DistributedSampler order for every world size (also 1), reshuffled each epoch: step i of
+        N ranks at batch B trains on the images of step i of one process at N×B. The loader's position is checkpointed."""
         world_size, rank = self._world()
         sampler = ResumableDistributedSampler(
             self.train_set,
@@ -202,14 +187,8 @@ class FashionMNISTDataModule(LightningDataModule):
         return loader if isinstance(loader, ResumableLoader) and loader.resumable else None
 
     def state_dict(self) -> Dict[str, Any]:
-        """The training loader's position (epoch, batches handed out), saved with every checkpoint.
-
-        Lightning keeps it too, as the fit loop's loader state, but gives that back only if the loop
-        creates the loader after restoring: here ``configure_optimizers`` asks for
-        ``estimated_stepping_batches``, which creates it earlier, and then the loop never does. The data
-        module's state is restored before that (after it under fsdp: then :meth:`load_state_dict` hands it
-        to the loader already made).
-        """
+        """The training loader's position, saved with every checkpoint: Lightning gives its own copy back only to a loader
+        it creates after restoring, and ``estimated_stepping_batches`` creates ours before."""
         loader = self._fitted_train_loader()
         return {"train_position": loader.state_dict()} if loader is not None else {}
 

@@ -1,31 +1,7 @@
-"""A training loader that resumes mid-epoch at the batch after the last one trained, not at the epoch's first.
-
-Lightning 2.6.6 saves its loop counters (batch k of epoch e) in every checkpoint, but restarts a plain
-DataLoader at the epoch's first batch: after a mid-epoch resume (a preemption checkpoint) batches 1..k
-were trained twice and the epoch's last k never. A loader with a state (a ``_Stateful``: ``state_dict``
-/ ``load_state_dict``) is what Lightning expects instead: the fit loop stores ``loader.state_dict()`` in
-every checkpoint (``loops.fit_loop.state_dict.combined_loader``), gives it back to ``load_state_dict``
-when it creates the loader on a resume, and counts the epoch's batches as continuing from k
-(``fetched += batch_progress.current.ready``), so the epoch ends after the remaining ones. It never
-gives it back when the loader was created before the restore, as ``trainer.estimated_stepping_batches``
-does (our ``configure_optimizers`` asks for it while the strategy is set up): so the data module also
-saves the position as its own state, which Lightning restores earlier, and hands it to the loader it
-makes (datamodules/fashion_mnist.py). :class:`ResumableLoader` is that loader:
-
-- its position is (epoch, batches of that epoch handed out), counted as the batches leave it;
-- on a resume, :class:`ResumableDistributedSampler` leaves out the shard's first k × batch indices of
-  that epoch, once; the order is the DistributedSampler's (a function of seed and epoch), so the
-  remaining batches are exactly those the uninterrupted run trained on next;
-- ``load_state_dict`` also sets the sampler's epoch, so the order is right even when the iterator is
-  created before Lightning's ``set_epoch`` (with ``num_workers`` > 0 the indices are drawn then).
-
-:func:`check_position` (called for every training batch by the data module) compares the position
-with Lightning's batch counter and warns once when they disagree: a checkpoint without a loader
-position (written before this existed) or resumed with another batch size or world size cannot
-continue at the right sample, and that is never silent. It also warns when a resume lands between
-two optimizer steps (``accumulate_grad_batches`` > 1): the data continues at the right sample, but
-the gradients accumulated before the stop were not in the checkpoint (preemption waits for the step,
-callbacks/preemption.py; a checkpoint saved by other means might not).
+"""A training loader that resumes mid-epoch at the batch after the last one trained (Lightning restarts a plain
+DataLoader at the epoch's first batch): its position is saved with every checkpoint and the sampler leaves out the
+batches already trained; :func:`check_position` warns, once, whenever a resume cannot continue exactly.
+The story: docs/reliability.md, "Exact resume".
 """
 
 import itertools

@@ -136,15 +136,8 @@ class FashionMNISTClassifier(LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Gradient noise, where every rank holds the final gradient of this step.
-
-        Lightning calls this hook after the closure (forward and backward) and before gradient
-        clipping and ``optimizer.step``; under AMP after unscaling. Under ddp the gradient
-        all-reduce completes inside ``backward`` (with accumulation, only the last micro-batch
-        syncs), so every rank sees the averaged gradient here, and the noise drawn from a generator
-        seeded by (run seed, optimizer step) is the same on every rank. Under fsdp each rank holds
-        other elements (its shard): its rank is mixed into the seed so shards get independent noise.
-        """
+        """Gradient noise after ddp's all-reduce (done inside backward) and AMP's unscaling, seeded by (run seed, step):
+        every rank adds the same noise; under fsdp the rank is mixed in, so each shard gets its own."""
         hp = self.hparams
         if hp.grad_noise_eta > 0:
             trainer = self.trainer

@@ -1,24 +1,8 @@
-"""Ghost Batch Normalization (Hoffer et al., 2017): batch statistics over virtual sub-batches.
-
-A large batch gives batch-norm very precise statistics, which removes some of the
-noise that regularises small-batch training. Ghost BN normalises each virtual
-("ghost") sub-batch of ``ghost_batch_size`` samples with that sub-batch's own mean
-and variance, so the normalisation noise of a small batch comes back at any batch.
-
-* Training: the output equals plain batch-norm applied to each ghost batch on its own.
-  Ghost batches are consecutive slices of the per-device batch. A batch of B samples
-  that ``ghost_batch_size`` g does not divide is cut into ``B // g`` ghost batches of
-  nearly equal size (``torch.tensor_split``: sizes differ by at most one), so none is
-  smaller than g; a batch smaller than g is one ghost batch (plain batch-norm).
-* Running statistics are updated once per forward, with the module's momentum, from the
-  ghost batches' statistics averaged (weighted by their sizes; unbiased variances), so
-  they follow the same time-scale as plain batch-norm's: one update per step.
-* Evaluation is plain batch-norm with the running statistics: unchanged.
-* Parameters and buffers are those of ``nn.BatchNorm*d``: state_dict keys are identical,
-  so checkpoints load either way, and the weight-decay grouping (``optim.NORM_LAYERS``)
-  still sees a norm layer.
-
-Under ddp each rank splits its own per-device batch (no statistics cross ranks).
+"""Ghost Batch Normalization (Hoffer et al., 2017): in training, each batch-norm normalises consecutive sub-batches
+of ``ghost_batch_size`` samples with their own statistics, bringing back a small batch's normalisation noise at any
+batch. Running statistics get one update per step (the sub-batches' mean); evaluation, parameters and state_dict
+keys are plain batch-norm's, so checkpoints load either way. A batch that g does not divide is cut into B // g
+nearly equal parts (none smaller than g).
 """
 
 from typing import Optional

@@ -1,13 +1,6 @@
-"""Plain ``nn.Module`` networks for 1×28×28 images; nothing here imports Lightning.
-
-``cnn`` is the default: small enough to train a useful model on a laptop CPU in
-minutes; ``fast_cnn`` trades a little accuracy per epoch for twice its speed on CPU, and
-``gpu_cnn`` spends the arithmetic a GPU has to spare on width. ``mlp`` has neither batch-norm nor dropout, so its update for a batch does
-not depend on how the batch is split across devices: the network for checking that
-N ranks at batch B train exactly like one process at batch N×B. ``wrn`` is the NVIDIA DLI workshop's hand-written WideResNet (17 M
-parameters), so its figures can be compared with the course's. ``resnet18`` is
-torchvision's ResNet-18 with its stem adapted to 28×28 grey-scale input.
-"""
+"""Plain ``nn.Module`` networks for 1×28×28 images: ``cnn`` (the default, a laptop CPU in minutes), ``fast_cnn`` (CPU
+time-to-accuracy), ``gpu_cnn`` (width a GPU has to spare), ``mlp`` (no batch-norm or dropout: a batch's update does not
+depend on its split across devices), ``wrn`` (the DLI workshop's WideResNet), ``resnet18`` (torchvision's, 28×28 stem)."""
 
 from typing import Callable, Dict
 
@@ -44,14 +37,8 @@ def small_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
 
 
 def fast_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
-    """One conv-pool-BN-ReLU per stage (16, 64) and a 128-unit head: the CPU time-to-accuracy network.
-
-    Nearly the parameters of ``cnn`` (the head dominates) but an eighth of its multiply-adds
-    (2.3 M against 18.7 M per image). Pooling comes before batch-norm and ReLU, so those run
-    on a quarter of the pixels: on a 2-core CPU batch-norm and ReLU at 28×28, not the
-    1-channel convolution, were the cost (docs/benchmarks.md has the A/B). A 32-channel first stage gains 0.2 points in 6 epochs but runs at
-    half the speed, so fewer epochs fit in the CPU recipe's budget (docs/benchmarks.md).
-    """
+    """One conv-pool-BN-ReLU per stage (16, 64) and a 128-unit head: an eighth of cnn's multiply-adds; pooling before
+    batch-norm and ReLU, which were the CPU's cost at 28×28 (docs/benchmarks.md)."""
 
     def stage(c_in: int, c_out: int) -> nn.Sequential:
         conv, norm, relu = _cbr(c_in, c_out)
@@ -68,12 +55,8 @@ def fast_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
 
 
 def gpu_cnn(num_classes: int = NUM_CLASSES) -> nn.Module:
-    """Three stages of two conv-BN-ReLU (64, 128, 256 channels) and global pooling: the GPU time-to-accuracy network.
-
-    Six times cnn's multiply-adds (116 M per image), which a GPU barely notices: at batch 512
-    a step of cnn is bound by launch and Python overhead, not arithmetic, so the width buys
-    accuracy per epoch almost for free (docs/benchmarks.md). On a CPU it is slow; use fast_cnn.
-    """
+    """Three stages of two conv-BN-ReLU (64, 128, 256) and global pooling: six times cnn's work, which a GPU step
+    bound by launch overhead barely notices (docs/benchmarks.md). Slow on CPU: use fast_cnn."""
 
     def stage(c_in: int, c_out: int) -> nn.Sequential:
         return nn.Sequential(*_cbr(c_in, c_out), *_cbr(c_out, c_out), nn.MaxPool2d(2))

@@ -1,13 +1,5 @@
-"""Optimizers by name, the learning-rate scaling rule and the warm-up schedule, as pure functions.
-
-These are the numbers users of data-parallel training fight with, so they live
-here, free of Lightning, where tests can pin them down:
-
-* lr = base_lr × f(effective batch / base_batch_size), f = 1, x or √x;
-* warm-up ramps linearly from base_lr to that lr, one step per optimizer step,
-  then the schedule (constant, cosine to zero, or step decay) takes over;
-* gradient noise (Neelakantan et al., 2015): N(0, η/(1+t)^γ) added to every gradient.
-"""
+"""Optimizers by name, the learning-rate scaling rule, warm-up and schedules, and gradient noise: the numbers users
+fight with, as pure functions tests can pin down (README, "Batch size and learning rate")."""
 
 import hashlib
 import math
@@ -22,12 +14,8 @@ ScheduleName = Literal["constant", "cosine", "step"]
 
 
 def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: ScalingRule) -> float:
-    """Learning rate for ``effective_batch``, given one known to work at ``base_batch_size``.
-
-    ``linear`` is Goyal et al.'s rule (keeps the update per image constant for
-    SGD); ``sqrt`` keeps the variance of the update constant (Krizhevsky, and the
-    usual choice for Adam-type and layer-wise optimizers); ``none`` leaves it.
-    """
+    """Learning rate for ``effective_batch`` from one known at ``base_batch_size``: ``linear`` (Goyal et al.: the update
+    per image stays constant for SGD), ``sqrt`` (its variance stays constant), ``none``."""
     ratio = effective_batch / base_batch_size
     if rule == "none":
         return base_lr
@@ -48,12 +36,8 @@ def lr_factor(
     step_size: int = 1,
     gamma: float = 0.1,
 ) -> float:
-    """Multiplier of the scaled learning rate at optimizer step ``step`` (0-based).
-
-    During warm-up it climbs linearly from ``warmup_start_factor`` (base_lr /
-    scaled lr) at step 0 to 1 at ``warmup_steps``, like ``LinearLR``; afterwards
-    the schedule counts steps from the end of warm-up.
-    """
+    """Multiplier of the scaled learning rate at optimizer step ``step`` (0-based): a linear warm-up from
+    ``warmup_start_factor`` to 1 over ``warmup_steps``, then the schedule counted from its end."""
     if step < warmup_steps:
         return warmup_start_factor + (1.0 - warmup_start_factor) * step / warmup_steps
     after = step - warmup_steps
@@ -72,14 +56,8 @@ NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
-    """Split parameters so that weight decay skips biases and normalisation weights.
-
-    Decided by the parameter's role (a ``bias``, or a norm layer's parameter), not by
-    its shape: under FSDP every parameter is a flat 1-D shard, so a shape test would
-    silently switch weight decay off everywhere. Layer-wise optimizers (LARS) also
-    leave groups with zero weight decay out of their trust-ratio scaling, as the
-    LARS and LAMB papers do.
-    """
+    """Weight decay skips biases and norm weights, decided by role, not shape (under FSDP every parameter is a flat
+    1-D shard); LARS also leaves those groups out of its trust ratio, as the papers do."""
     decay, no_decay = [], []
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -126,13 +104,8 @@ def grad_noise_variance(step: int, eta: float, gamma: float = 0.55) -> float:
 
 
 def grad_noise_seed(seed: int, step: int, stream: int = 0) -> int:
-    """The generator seed for one step: the same on every rank for the same run seed and step.
-
-    A 32-bit hash of (seed, stream, step): torch's CPU generator keeps only the low 32 bits of a
-    seed, so packing the three into one 64-bit number would lose the run seed. ``stream`` separates
-    ranks whose gradients are different tensors (fsdp shards), so their noise is independent
-    rather than the same numbers repeated in every shard.
-    """
+    """A 32-bit seed for one step, the same on every rank: torch's CPU generator keeps only 32 bits, so (seed, stream,
+    step) are hashed; ``stream`` separates fsdp shards."""
     digest = hashlib.blake2b(f"grad-noise:{seed}:{stream}:{step}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
 
@@ -141,12 +114,8 @@ def grad_noise_seed(seed: int, step: int, stream: int = 0) -> int:
 def add_gradient_noise(
     params: Iterable[torch.nn.Parameter], step: int, eta: float, gamma: float = 0.55, seed: int = 0, stream: int = 0
 ) -> float:
-    """Add N(0, η/(1+t)^γ) to every gradient in ``params`` (in their order), drawn from a generator seeded by step.
-
-    Under ddp, call it after the all-reduce: every rank then holds the same gradients and, the
-    generator being seeded from (seed, step) alone, adds the same noise, so the replicas stay
-    identical (and equal to one process's run at the effective batch). Returns the standard deviation used.
-    """
+    """Add N(0, η/(1+t)^γ) to every gradient, drawn from a generator seeded by step: called after ddp's all-reduce,
+    every rank adds the same noise and the replicas stay identical. Returns the standard deviation."""
     std = math.sqrt(grad_noise_variance(step, eta, gamma))
     generators: Dict[torch.device, torch.Generator] = {}
     for param in params:

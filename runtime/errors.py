@@ -46,7 +46,6 @@ class UserFacingError(Exception):
 
 class ConfigError(UserFacingError, ValueError):
     """A flag, value or configuration that cannot run."""
-
     hint = " (see python train.py --help)"
 
 
@@ -56,25 +55,21 @@ class ShorthandError(ConfigError):
 
 class DataNotFoundError(UserFacingError, FileNotFoundError):
     """The IDX files are missing and could not be downloaded."""
-
     exit_code = ExitCode.DATA
 
 
 class CorruptDataError(UserFacingError, ValueError):
     """An IDX file is unreadable, truncated, of the wrong kind, or disagrees with its pair."""
-
     exit_code = ExitCode.DATA
 
 
 class CheckpointNotFoundError(UserFacingError, FileNotFoundError):
     """``--ckpt_path`` names nothing that can be loaded."""
-
     exit_code = ExitCode.CHECKPOINT
 
 
 class CheckpointCorruptError(UserFacingError, ValueError):
     """A checkpoint is truncated, damaged, does not match its sha256, or holds more than tensors and plain data."""
-
     exit_code = ExitCode.CHECKPOINT
 
     def __init__(self, path, reason: str) -> None:
@@ -85,19 +80,16 @@ class CheckpointCorruptError(UserFacingError, ValueError):
 
 class OutputNotWritableError(UserFacingError, OSError):
     """A folder the run must write to (logs, checkpoints) is a file, or not writable."""
-
     exit_code = ExitCode.CANT_CREATE
 
 
 class CheckpointWriteError(UserFacingError, OSError):
     """A checkpoint could not be written; nothing was replaced."""
-
     exit_code = ExitCode.CANT_CREATE
 
 
 class NothingToTrain(UserFacingError):
     """``fit`` from a checkpoint that already finished (a requeued job that had completed): exit 0."""
-
     exit_code = ExitCode.OK
     prefix = ""
     hint = ""
@@ -106,7 +98,6 @@ class NothingToTrain(UserFacingError):
 
 class JobFault(UserFacingError):
     """A fault of the job (runtime/faults.py): every rank that sees it says so; its ranks get 2 s to end."""
-
     exit_code = ExitCode.TEMPFAIL
     children_grace_s = 2.0
 
@@ -142,7 +133,6 @@ class Preempted(RunStopped):
 
 class Interrupted(UserFacingError):
     """Ctrl-C where there is no step to stop at (start-up, a second Ctrl-C)."""
-
     exit_code = ExitCode.INTERRUPTED
     prefix = ""
 

@@ -1,15 +1,7 @@
-"""Resume: which checkpoint ``--ckpt_path`` means, whether it has anything left to train, and what Lightning does not
-put back (the random generators, the TensorBoard run). The decisions are plain functions of plain values.
-
-* :func:`resolve`: ``last`` is the newest ``last*.ckpt`` that verifies (else the newest valid checkpoint,
-  with a warning per damaged file); under ``torchrun --max-restarts`` with nothing saved yet it starts a
-  new run; ``best`` in a new process is refused; a file must exist and load without running code.
-* :func:`finished_training`: a requeued job whose checkpoint already reached the limits exits 0.
-* :class:`RngState` and :func:`capture` / :func:`restore`: the generators' state in every checkpoint, so a
-  resumed run draws the same dropout masks as an uninterrupted one.
-* :class:`TensorBoardRun` and :func:`continue_run`: ``--ckpt_path last`` logs into the checkpoint's own
-  run folder from its step on, and TensorBoard hides what was logged after it (docs/reliability.md).
-"""
+"""Resume: which checkpoint ``--ckpt_path`` means (:func:`resolve`), whether it has anything left to train, and what
+Lightning does not put back: the random generators' state (:class:`RngState`, so a resumed run draws the same dropout
+masks) and the TensorBoard run (``last`` logs into the checkpoint's run folder from its step on). The decisions are
+plain functions of plain values; :func:`prepare` applies them to a trainer. Stories: docs/reliability.md."""
 
 import os
 import random

@@ -1,35 +1,8 @@
-"""``--strategy dp``: torch.nn.DataParallel in one process over several GPUs.
+"""``--strategy dp``: torch.nn.DataParallel in one process over several GPUs (Lightning 2.0 removed it).
 
-Lightning 2.0 removed DataParallel; this brings it back, with one change of design.
-
-Lightning 1.x wrapped the whole LightningModule in ``nn.DataParallel`` and ran
-``training_step`` on every replica, each in its own thread, then reduced the
-vector of per-GPU losses. Everything else a step does ran in the replicas too:
-metric updates went to throw-away copies of the metric (lost), ``self.log``
-calls raced between threads, and the loss vector was averaged without regard to
-the size of each GPU's chunk (wrong for an uneven last batch).
-
-Here the parallelism sits at the forward instead. ``setup`` routes the
-LightningModule's ``forward`` through
-``nn.DataParallel(_Forward(module), device_ids, output_device=root)``: ``self(x)``
-inside ``training_step``/``validation_step``/``test_step``/``predict_step`` scatters
-``x`` over the GPUs, each runs the network on its chunk, and the logits are
-gathered on the root GPU. The step itself runs once, in the main thread, over
-the whole batch: the loss is one mean over all images (equal to the per-GPU
-losses reduced by a chunk-size-weighted mean, see tests/test_dp.py), metrics
-see every image exactly once, ``self.log`` is called once. ``teardown`` removes
-the route again. What stays DataParallel's own: in training, BatchNorm normalises
-each GPU's chunk with that chunk's statistics (as ddp does without
-``sync_batchnorm``), and its running statistics come from the first GPU's chunk.
-
-The module itself is not wrapped (``strategy.model`` stays the LightningModule),
-so checkpoints hold its plain ``state_dict``: a ``dp`` checkpoint loads in a
-single-device run and vice versa.
-
-One process: world size 1, rank 0; reduce, all_gather, barrier and broadcast are
-the identity. The loader yields ``batch_size x GPUs`` images per step
-(``devices_per_process``, read by the datamodule), so each GPU still sees
-``batch_size``. Without CUDA GPUs, building the Trainer fails with one line.
+Only the forward is parallel: ``self(x)`` scatters the batch over the GPUs and gathers the logits on the
+first, so the loss, the metrics and ``self.log`` run once over the whole batch, and the module is not
+wrapped (plain checkpoints). Why, and what stays DataParallel's own: docs/strategies.md, "dp".
 """
 
 from typing import Any, List, Optional
@@ -49,12 +22,7 @@ NO_GPU_MESSAGE = "strategy dp needs CUDA GPUs (none visible); use --strategy ddp
 
 
 def require_cuda_for_dp() -> None:
-    """The one-line error for dp on a machine without CUDA GPUs, before Lightning's own.
-
-    ``--accelerator gpu`` (as in configs/strategy/dp.yaml) fails inside Lightning's
-    accelerator choice, before any strategy exists, with "No supported gpu backend
-    found!"; train.py calls this first so the user reads what to do instead.
-    """
+    """The one line for dp without CUDA GPUs, before Lightning's own ("No supported gpu backend found!")."""
     if not CUDAAccelerator.is_available():
         raise MisconfigurationException(NO_GPU_MESSAGE)
 
@@ -69,17 +37,9 @@ def _cuda_autocast_dtype() -> Optional[torch.dtype]:
 
 
 class _Forward(nn.Module):
-    """What DataParallel replicates: the LightningModule, called through its class's own ``forward``.
-
-    DataParallel's replicas are shallow copies of the module's ``__dict__``, which
-    holds the routed ``forward``; ``module(x)`` or ``module.forward(x)`` would
-    re-enter DataParallel from every replica. ``type(module).forward`` does not.
-
-    ``autocast_dtype`` is set in the calling thread before each call: DataParallel
-    runs the replicas in worker threads and re-enables autocast there with the
-    default dtype (float16), since the autocast dtype is thread-local; without
-    this a ``bf16-mixed`` run would compute its forward in float16 on the GPUs.
-    """
+    """What DataParallel replicates: the LightningModule through its class's ``forward`` (the instance's routed
+    ``forward`` would re-enter DataParallel from every replica), with the caller's autocast dtype set in the replicas'
+    threads (autocast is thread-local: bf16-mixed would otherwise run float16 there)."""
 
     def __init__(self, module: LightningModule) -> None:
         super().__init__()

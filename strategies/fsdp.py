@@ -1,20 +1,6 @@
-"""``--strategy fsdp``: Lightning's FSDPStrategy with two fixes, one of which lets it run on CPU over gloo.
-
-1. Lightning refuses FSDP without a GPU, and torch's FSDP only accepts a CPU module
-   when it is told the device explicitly. train.py maps ``--strategy fsdp`` on CPU to
-   ``fsdp_cpu``: this class with gloo. Everything else (sharding, full-state-dict
-   checkpoints that load in a one-process run, the launcher, the sampler) is
-   Lightning's own FSDPStrategy, so the tests here exercise the code that runs on GPUs.
-2. ``trainer.test`` after ``trainer.fit`` in the same Trainer wrapped the already
-   sharded module in FSDP a second time, and loading the best checkpoint then failed
-   with "size mismatch" (Lightning issue #20373). The wrapper from fit is reused.
-
-``use_orig_params=True`` (Lightning's default) keeps the LightningModule's own
-parameters, as views into each rank's shard, so ``configure_optimizers`` and its
-per-name weight-decay groups work unchanged. Each rank holds about 1/world_size of
-the parameters, gradients and optimizer state. Optimizers that compute per-layer
-norms (LARS, LAMB, NovoGrad) would see only a rank's slice of a layer, so train.py
-refuses them with fsdp (``LAYERWISE_OPTIMIZERS``).
+"""``--strategy fsdp``: Lightning's FSDPStrategy, runnable on CPU over gloo (``fsdp_cpu``: Lightning refuses CPU, and
+torch's FSDP needs the CPU device given), and reusing its wrapper for the test after fit (Lightning #20373).
+Why layer-wise optimizers are refused: docs/strategies.md, "fsdp".
 """
 
 from typing import Any, Optional

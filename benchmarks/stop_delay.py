@@ -1,0 +1,50 @@
+"""Signal -> exit delay: SIGTERM at a random moment of epoch 1 of the default recipe, the time until train.py exits.
+
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.stop_delay [--trials 3] [-- --check_every_n_steps 10]
+
+The worst case is the save and exit plus ``--check_every_n_steps`` optimizer steps (the ranks act on a signal at
+their next decision point, runtime/agreement.py); random moments land anywhere in between.
+"""
+
+import argparse
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from cli import launch  # noqa: E402
+
+
+def one_trial(extra, after_s: float) -> str:
+    with tempfile.TemporaryDirectory() as cwd:
+        env = launch.clean_env(keep_data_dir=True)
+        env.pop("OMP_NUM_THREADS")
+        (job,) = launch.start_all([("run", [str(launch.TRAIN_PY), *extra], Path(cwd), env)], Path(cwd) / "logs")
+        time.sleep(after_s)
+        sent = time.monotonic()
+        job.proc.send_signal(signal.SIGTERM)
+        while not job.exited():
+            time.sleep(0.05)
+        took = time.monotonic() - sent
+        launch.stop([job])
+        line = next((l for l in job.stderr.splitlines() if "stopped by" in l), "no stop line")
+        return f"SIGTERM after {after_s:.1f} s -> exit {job.returncode} in {took:.1f} s: {line[10:70]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    opts, extra = parser.parse_known_args()
+    rng = random.Random(opts.seed)
+    for trial in range(opts.trials):
+        print(f"trial {trial}: {one_trial([f for f in extra if f != '--'], 15 + rng.uniform(0, 20))}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
