@@ -53,7 +53,9 @@ class PerBatch(Callback):
 
 def main() -> int:
     from cli.app import main as train_main
-    from tests import host_reads  # the module the callback is imported from (this one runs as __main__)
+    from tests import (
+        host_reads,  # the module the callback is imported from (this one runs as __main__)
+    )
 
     out, args = sys.argv[1], sys.argv[2:]
     for name in READS:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from callbacks.throughput import parse_epoch_lines
 from runtime.checkpoint_io import verify
 from tests.conftest import run_train
 
@@ -97,7 +98,7 @@ def test_a_truncated_newest_last_falls_back_to_the_newest_valid_checkpoint_with_
     assert len(warnings) == 2, result.stderr[-3000:]
     assert str(last) in warnings[0] and "damaged" in warnings[0]
     assert f"resumes from {best}" in warnings[1]
-    resumed = [int(n) for n in re.findall(r"^Epoch (\d+):", result.stdout, re.M)]
+    resumed = [line.epoch for line in parse_epoch_lines(result.stdout)]
     assert resumed == list(range(best_epoch + 2, 4)), result.stdout  # trained on from the best epoch
     assert verify(last) is not None and torch.load(last, weights_only=False)["epoch"] == 2
 

@@ -45,7 +45,7 @@ def test_validation_counts_every_test_image_exactly_once(ddp_run):
 def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
     cwd, result, _ = ddp_run
     lines = epoch_lines(result.stdout)
-    assert [int(m.group(1)) for m in lines] == [1, 2]
+    assert [m.epoch for m in lines] == [1, 2]
     log = result.stdout + result.stderr
     assert log.count("Run configuration") == 1
     assert "world size      : 2 (2 device(s) x 1 node(s), cpu, strategy ddp, backend gloo)" in log
@@ -96,6 +96,6 @@ def test_two_jobs_started_together_without_master_port_pick_different_ports(tmp_
         assert sorted(ranks[0]["train"]["0"] + ranks[1]["train"]["0"]) == list(range(256))  # its own two ranks
         assert ranks[0]["main_port"] == ranks[1]["main_port"]
         ports.append(ranks[0]["main_port"])
-        assert [int(m.group(1)) for m in epoch_lines(job.stdout)] == [1]
+        assert [m.epoch for m in epoch_lines(job.stdout)] == [1]
         assert (job.cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt").is_file()
     assert ports[0] != ports[1]

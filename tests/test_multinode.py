@@ -81,7 +81,7 @@ def test_ranks_train_on_disjoint_shards_and_validate_each_image_once(nodes):
 
 def test_only_global_rank0_prints_and_writes_logs_and_checkpoints(nodes):
     _, (node0, node1), _, _ = nodes
-    assert [int(m.group(1)) for m in epoch_lines(node0.stdout)] == [1, 2]
+    assert [m.epoch for m in epoch_lines(node0.stdout)] == [1, 2]
     assert epoch_lines(node1.stdout) == []
     assert (node0.stdout + node0.stderr).count("Run configuration") == 1
     assert "Run configuration" not in node1.stdout + node1.stderr

@@ -40,18 +40,18 @@ def read_csv(run_dir):
 def check_stop_and_record(result, run_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = epoch_lines(result.stdout)
-    accuracies = [float(m.group(5)) for m in lines]
+    accuracies = [m.val_acc for m in lines]
     stop = expected_stop(accuracies, TARGET, PATIENCE)
     assert stop is not None and len(lines) == stop < 8, result.stdout  # stopped early, at that very epoch
     assert accuracies[0] < TARGET  # not trivially: the first epoch was below the target
     (stop_line,) = STOP_LINE.findall(result.stdout)
-    assert stop_line == (f"{TARGET:g}", str(PATIENCE), str(stop), lines[-1].group(5), lines[-1].group(2))
+    assert stop_line == (f"{TARGET:g}", str(PATIENCE), str(stop), f"{lines[-1].val_acc:.3f}", f"{lines[-1].cumulative_s:.3f}")
     rows = read_csv(run_dir)
     assert [int(r["epoch"]) for r in rows] == list(range(1, stop + 1))  # one row per epoch
     for row, line in zip(rows, lines):
-        assert f"{float(row['cumulative_s']):.3f}" == line.group(2)
-        assert f"{float(row['val_loss']):.3f}" == line.group(4)
-        assert f"{float(row['val_acc']):.3f}" == line.group(5)
+        assert f"{float(row['cumulative_s']):.3f}" == f"{line.cumulative_s:.3f}"
+        assert f"{float(row['val_loss']):.3f}" == f"{line.val_loss:.3f}"
+        assert f"{float(row['val_acc']):.3f}" == f"{line.val_acc:.3f}"
     assert (run_dir / "time_to_accuracy.png").stat().st_size > 1000
 
 

@@ -8,11 +8,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from callbacks.throughput import parse_epoch_lines
 from tests.conftest import run_train
-
-EPOCH_LINE = re.compile(
-    r"^Epoch (\d+): Cumulative Time = (\d+\.\d{3}), Images/sec = (\d+\.\d{2}), Val Loss = (\d+\.\d{3}), Val Acc = (\d\.\d{3})$"
-)
 
 
 def scalars(log_dir):
@@ -27,7 +24,11 @@ def scalars(log_dir):
 
 
 def epoch_lines(stdout):
-    return [EPOCH_LINE.match(line) for line in stdout.splitlines() if line.startswith("Epoch ")]
+    """The epoch lines, read by the formatter's own parser (callbacks/throughput.py); every line that starts with
+    "Epoch " must be one."""
+    parsed = parse_epoch_lines(stdout)
+    assert len(parsed) == sum(line.startswith("Epoch ") for line in stdout.splitlines()), stdout
+    return parsed
 
 
 VALIDATION_SLEEP_S = 3.0
@@ -49,10 +50,10 @@ def test_prints_one_workshop_line_per_epoch(first_run):
     _, result = first_run
     lines = epoch_lines(result.stdout)
     assert [m is not None for m in lines] == [True, True], result.stdout
-    assert [int(m.group(1)) for m in lines] == [1, 2]
-    cumulative = [float(m.group(2)) for m in lines]
+    assert [m.epoch for m in lines] == [1, 2]
+    cumulative = [m.cumulative_s for m in lines]
     assert 0 < cumulative[0] < cumulative[1]
-    assert all(float(m.group(3)) > 0 for m in lines)
+    assert all(m.images_per_sec > 0 for m in lines)
 
 
 def test_training_time_excludes_validation(first_run):
@@ -112,7 +113,7 @@ def test_resume_from_last_continues_at_the_next_epoch(first_run, fashion_root):
                         "--trainer.accumulate_grad_batches", "2", "--lr", "0.1", "--ckpt_path", "last",
                         "--test_after_fit", "false"], cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [int(m.group(1)) for m in epoch_lines(result.stdout)] == [3]
+    assert [m.epoch for m in epoch_lines(result.stdout)] == [3]
     assert "Restoring states from the checkpoint path at" in result.stderr + result.stdout
     assert "test/acc" not in result.stdout
 
