@@ -19,6 +19,14 @@ def fashion_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def damaged_copy(tmp_path, fashion_root):
+    """A fresh copy of the tiny data set; the test damages one file of it."""
+    root = tmp_path / "damaged"
+    shutil.copytree(fashion_root, root)
+    return root
+
+
+@pytest.fixture
 def workdir(tmp_path, monkeypatch) -> Path:
     """Run in an empty folder, so runs/ and checkpoints land in tmp_path; no data dir from the environment."""
     monkeypatch.chdir(tmp_path)

@@ -12,15 +12,7 @@ import torch
 from callbacks.throughput import parse_epoch_lines
 from runtime.checkpoint_io import verify
 from tests.conftest import run_train
-
-
-def flip_bytes(path: Path, offset: int, count: int = 16) -> None:
-    with open(path, "r+b") as handle:
-        handle.seek(offset)
-        data = handle.read(count)
-        handle.seek(offset)
-        handle.write(bytes(b ^ 0xFF for b in data))
-
+from tests.unit.test_checkpoint_io import flip_bytes
 
 TIMEOUT_S = 120
 CORRUPT = 66

@@ -1,8 +1,6 @@
 """Fashion-MNIST files: where they are looked for, what a missing file says, and how batches are served."""
 
-import gzip
 import shutil
-import struct
 import time
 
 import pytest
@@ -21,40 +19,6 @@ def test_missing_files_without_download_give_one_line_naming_folder_and_files(wo
     assert all(name in errors[0] for name in RAW_FILES)
     assert "Traceback" not in result.stderr
     assert not (workdir / "runs").exists()
-
-
-# Each way an IDX file can be damaged: (file, how, what the one line must say). torchvision 0.29 accepts the
-# label-count and label-value cases (training then fails mid-epoch or silently drops images), and fails on the
-# others with messages that name neither the file nor the problem (datamodules/files.py).
-def _header(magic: int, *dims: int) -> bytes:
-    return struct.pack(f">I{len(dims)}I", magic, *dims)
-
-
-CORRUPTIONS = {
-    "empty": ("t10k-labels-idx1-ubyte", lambda b: b"", "is empty (0 bytes)"),
-    "header-cut": ("train-labels-idx1-ubyte", lambda b: b[:6], "is 6 bytes, shorter than its 8-byte header"),
-    "images-truncated": ("train-images-idx3-ubyte", lambda b: b[: len(b) // 2],
-                         "truncated: 100360 bytes, expected 200720 (16-byte header + 256×28×28)"),
-    "trailing-bytes": ("t10k-images-idx3-ubyte", lambda b: b + b"extra", "has trailing bytes: 79205 bytes, expected 79200"),
-    "still-gzipped": ("train-images-idx3-ubyte", lambda b: gzip.compress(b), "is still gzip-compressed"),
-    "wrong-magic": ("train-images-idx3-ubyte", lambda b: _header(0x801, 256, 28, 28) + b[8:],
-                    "bad magic number 0x00000801, expected 0x00000803"),
-    "not-28x28": ("t10k-images-idx3-ubyte", lambda b: _header(0x803, 101, 32, 24) + b[16:16 + 101 * 32 * 24].ljust(101 * 32 * 24, b"\0"),
-                  "images are 32×24 pixels, expected 28×28"),
-    "fewer-labels": ("train-labels-idx1-ubyte", lambda b: _header(0x801, 200) + b[8:208],
-                     "holds 200 labels but train-images-idx3-ubyte holds 256 images"),
-    "labels-truncated": ("train-labels-idx1-ubyte", lambda b: b[:-50], "truncated: 214 bytes, expected 264"),
-    "label-out-of-range": ("t10k-labels-idx1-ubyte", lambda b: b[:8 + 7] + bytes([99]) + b[8 + 8:],
-                           "label 99 at index 7 is outside 0..9"),
-}
-
-
-@pytest.fixture
-def damaged_copy(tmp_path, fashion_root):
-    """A fresh copy of the tiny data set; the test damages one file of it."""
-    root = tmp_path / "damaged"
-    shutil.copytree(fashion_root, root)
-    return root
 
 
 

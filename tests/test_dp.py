@@ -1,12 +1,5 @@
-"""``--strategy dp``: registration, the no-GPU error, batch math, the forward route, loss reduction, checkpoints.
-
-Everything DataParallel does besides splitting over GPUs runs here on CPU: on a
-machine without CUDA, ``nn.DataParallel`` simply calls its module, so a strategy
-whose "GPUs" are CPU devices (``CPUSimulatedDataParallel``) runs the real code
-path of DataParallelStrategy through a real Trainer. The split itself, the
-gather on the root GPU and autocast in DataParallel's worker threads need GPUs:
-those tests are at the end and are skipped here.
-"""
+"""``--strategy dp`` through the real process on a machine without CUDA: one line, exit 2, nothing written (the rest
+of dp's tests are in-process: tests/unit/test_dp.py)."""
 
 import pytest
 import torch
@@ -15,6 +8,7 @@ from strategies.dp import NO_GPU_MESSAGE
 from tests.conftest import run_train
 
 CUDA = torch.cuda.is_available()
+
 
 def non_seed_lines(stderr):
     # Lightning's seed_everything logs "Seed set to 42" to stderr before the Trainer is built (every error path).

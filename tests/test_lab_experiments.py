@@ -1,27 +1,13 @@
-"""Experiments 2 and 3 (experiments/takeaways.py, experiments/devices.py) on the tiny IDX data and a one-epoch budget:
-the table's rows, columns and verdicts, and that the files are written. The harness's rules on made-up results."""
+"""Experiments 2 and 3 (experiments/takeaways.py, experiments/devices.py) run end to end on the tiny IDX data and a
+one-epoch budget: the table's rows, columns and verdicts, and the files written."""
 
 import csv
 
 import pytest
 
 from experiments import devices, takeaways
-from experiments.runner import Budget, RunResult, RunSpec, run, verdicts
-
-
-def result(name="r", code=0, accs=(0.5, 0.8), losses=None, devices_=1, summary=None) -> RunResult:
-    losses = losses or [1.0] * len(accs)
-    rows = [{"epoch": i + 1, "cumulative_s": 10.0 * (i + 1), "val_acc": a, "val_loss": l}
-            for i, (a, l) in enumerate(zip(accs, losses))]
-    return RunResult(RunSpec(name, devices=devices_), code, 30.0, rows, summary or {}, [100.0, 120.0, 300.0])
-
-
-
-
-
-
-
-
+from experiments.runner import Budget, RunSpec, run, verdicts
+from tests.unit.test_lab_experiments import result
 
 
 def read_csv(path):

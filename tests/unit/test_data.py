@@ -1,7 +1,6 @@
 """Fashion-MNIST files: where they are looked for, what a missing file says, and how batches are served."""
 
 import gzip
-import shutil
 import struct
 import time
 
@@ -41,14 +40,6 @@ CORRUPTIONS = {
     "label-out-of-range": ("t10k-labels-idx1-ubyte", lambda b: b[:8 + 7] + bytes([99]) + b[8 + 8:],
                            "label 99 at index 7 is outside 0..9"),
 }
-
-@pytest.fixture
-def damaged_copy(tmp_path, fashion_root):
-    """A fresh copy of the tiny data set; the test damages one file of it."""
-    root = tmp_path / "damaged"
-    shutil.copytree(fashion_root, root)
-    return root
-
 
 def test_data_dir_comes_from_flag_then_environment_then_dot_data(monkeypatch, tmp_path):
     monkeypatch.delenv("FASHION_MNIST_DIR", raising=False)

@@ -1,5 +1,5 @@
-"""Experiments 2 and 3 (experiments/takeaways.py, experiments/devices.py) on the tiny IDX data and a one-epoch budget:
-the table's rows, columns and verdicts, and that the files are written. The harness's rules on made-up results."""
+"""The experiment harness's rules on made-up results: verdicts, torchrun "nodes" for ranks beyond the cores, the
+training subset, the devices table (the experiments end to end: tests/test_lab_experiments.py)."""
 
 import math
 

@@ -1,6 +1,5 @@
-"""No unbounded hang: a lost or stuck rank, a stalled data worker, a busy port or a peer that never joins ends the
-whole job within the collective timeout + 30 s, with one line and exit 75 from the rank that saw it, and ranks die
-with their launcher. The jobs here run with FASHION_MNIST_COLLECTIVE_TIMEOUT=20 (the default is 300 s)."""
+"""Process lifetime without processes: the collective timeout from the environment, on every ddp/fsdp name; each
+fault of the job recognised by its message, and nothing else; what a torchrun worker reads from its variables."""
 
 from datetime import timedelta
 
