@@ -1,6 +1,7 @@
 """train.py's LightningCLI: wiring only (the default config, links, the run-time plugins, the test after fit), and
 ``main``, which turns every error into one line and an exit code (runtime/errors.py)."""
 
+import logging
 import sys
 import warnings
 from argparse import RawDescriptionHelpFormatter
@@ -25,6 +26,9 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
+# Lightning 2.6 advertises its cloud logger at every start (logger_connector.py): not ours to print.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
+    lambda record: "[litlogger](https://pypi.org/project/litlogger/)" not in str(record.msg))
 
 
 class FashionMNISTCLI(LightningCLI):
@@ -83,9 +87,10 @@ class FashionMNISTCLI(LightningCLI):
     def after_fit(self) -> None:
         if self.trainer.interrupted or not self.config.fit.test_after_fit:
             return
-        checkpoint = self.trainer.checkpoint_callback
+        checkpoint = self.trainer.checkpoint_callback  # the first ModelCheckpoint: the best by val/acc
         best = checkpoint.best_model_path if checkpoint is not None else ""
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path="best" if best else None)
+        # The path, not "best": Lightning would warn that several ModelCheckpoints exist.
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:

@@ -3,6 +3,7 @@ functions of plain values where possible, so tests give them any machine's count
 line"."""
 
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Union
 
@@ -10,6 +11,7 @@ import torch
 import yaml
 
 from runtime.errors import ConfigError, OutputNotWritableError
+from runtime.lifetime import is_launched_rank
 from strategies import LAYERWISE_OPTIMIZERS, NO_GPU_MESSAGE, is_fsdp
 
 DEVICES_KEY = "trainer.devices (--devices)"
@@ -35,12 +37,17 @@ def _parse_devices(devices: Union[int, str, Sequence[int], None]):
         raise ConfigError(f"{DEVICES_KEY} is {devices!r}: give a number, auto, -1 or a list of GPU indices") from None
 
 
-def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> None:
-    """Refuses device requests this machine cannot serve; ``accelerator`` is ``cpu`` or ``cuda`` (resolved)."""
+CPU_RANKS_PER_CORE = 8  # beyond this many CPU processes per core a run only thrashes
+
+
+def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> Optional[str]:
+    """Refuses device requests this machine cannot serve (``accelerator``: ``cpu`` or ``cuda``, resolved); returns the
+    warning line for more CPU processes than cores (allowed: students learn ddp on laptops), else None."""
     parsed = _parse_devices(devices)
     if accelerator == "cpu":
         cores = cpu_count or 1
-        allowed = f"give a number of CPU processes from 1 to {cores} (this machine has {cores} CPU cores), or auto (1)"
+        most = CPU_RANKS_PER_CORE * cores
+        allowed = f"give a number of CPU processes from 1 to {most} ({CPU_RANKS_PER_CORE} per core), or auto (1)"
         if isinstance(parsed, list):
             raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: {allowed}")
         if parsed == "auto":
@@ -49,12 +56,14 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
             raise ConfigError(f"{DEVICES_KEY} is -1 (every GPU), but the accelerator is cpu: {allowed}")
         if parsed <= 0:
             raise ConfigError(f"{DEVICES_KEY} is {parsed}: {allowed}")
-        if parsed > cores:
+        if parsed > most:
             raise ConfigError(
-                f"{DEVICES_KEY} is {parsed}, more CPU processes than this machine has cores ({cores}): {allowed}; "
-                f"for more ranks use more nodes (--num_nodes) or GPUs (--accelerator gpu)"
-            )
-        return
+                f"{DEVICES_KEY} is {parsed}, more than {CPU_RANKS_PER_CORE} CPU processes per core (this machine has "
+                f"{cores}): {allowed}; for more ranks use more nodes (--num_nodes) or GPUs (--accelerator gpu)")
+        if parsed > cores:
+            return (f"--devices {parsed} starts more CPU processes than this machine has cores ({cores}): the ranks "
+                    f"share the cores, one thread each, so images/sec will not scale")
+        return None
     if accelerator == "cuda" and gpu_count > 0:
         visible = f"{gpu_count} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
         allowed = f"give 1 to {gpu_count}, -1 or auto (every visible GPU), or GPU indices from 0 to {gpu_count - 1}"
@@ -94,8 +103,10 @@ def check_config(config) -> None:
         if not torch.cuda.is_available():
             raise ConfigError(NO_GPU_MESSAGE)
     elif accelerator in ("cpu", "cuda"):
-        check_devices(trainer.devices, accelerator, os.cpu_count(),
-                      torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        warning = check_devices(trainer.devices, accelerator, os.cpu_count(),
+                                torch.cuda.device_count() if torch.cuda.is_available() else 0)
+        if warning and not is_launched_rank():  # the launching process says it once
+            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
     if trainer.strategy == "fsdp" and accelerator == "cpu":
         trainer.strategy = "fsdp_cpu"
     optimizer = config.model.optimizer

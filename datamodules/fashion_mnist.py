@@ -218,6 +218,8 @@ class FashionMNISTDataModule(LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
         """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there."""
+        if not isinstance(batch, (tuple, list)):
+            return batch  # the model summary's example input
         images, targets = batch
         trainer = self.trainer
         if trainer is not None and trainer.training:

@@ -11,11 +11,9 @@ effective batch: none (×1), linear (×N), sqrt (×√N). Everything else is the
 training subset, as in experiments/takeaways.py. Default budget: ``mlp``, 4 epochs of the
 first 20,000 training images, target val acc 0.82.
 
-Processes are ddp ranks over gloo on CPU (experiments/runner.py): up to this machine's core
-count one ``train.py --strategy ddp --devices N``; beyond it (4 on a 2-core machine) two
-torchrun "nodes" on 127.0.0.1 of N/2 processes each (``--devices N/2 --num_nodes 2``), since
-``--devices`` on CPU is capped at the core count (cli/checks.py). More processes than cores
-share the cores: their seconds show contention, not scaling.
+Processes are ddp ranks over gloo on CPU, one ``train.py --strategy ddp --devices N``
+(experiments/runner.py). More processes than cores share the cores: their seconds show
+contention, not scaling.
 
 Writes into ``--out_dir``: ``devices.md`` (table), ``devices.csv``, ``devices.png`` (final val
 acc and seconds to target against processes, one line per rule), ``devices_curves.png`` (val

@@ -49,7 +49,7 @@ def test_a_run_that_blows_up_is_diverged(fashion_root, tmp_path):
 
 @pytest.mark.multiprocess
 def test_devices_runs_each_process_count_and_writes_table_and_plots(fashion_root, tmp_path):
-    """2 processes with one rank per "node": the torchrun path that 4 processes take on a 2-core machine."""
+    """2 processes with one rank per "node" (--max_ranks_per_node 1): the torchrun path of the harness."""
     out = tmp_path / "devices"
     code = devices.main(["--out_dir", str(out), "--data_dir", str(fashion_root), "--epochs", "1", "--processes", "1,2",
                          "--rules", "linear", "--batch_size", "32", "--max_ranks_per_node", "1", "--target", "0.3"])

@@ -26,18 +26,24 @@ def test_gpu_requests_beyond_the_visible_gpus_are_refused(devices, message):
 
 
 @pytest.mark.parametrize("devices", [1, "4", 4, "auto"])
-def test_cpu_processes_up_to_the_cores_pass(devices):
-    check_devices(devices, "cpu", cpu_count=4, gpu_count=0)
+def test_cpu_processes_up_to_the_cores_pass_quietly(devices):
+    assert check_devices(devices, "cpu", cpu_count=4, gpu_count=0) is None
+
+
+@pytest.mark.parametrize("devices", [5, "32"])
+def test_more_cpu_processes_than_cores_run_with_a_warning(devices):
+    warning = check_devices(devices, "cpu", cpu_count=4, gpu_count=0)
+    assert warning.startswith(f"--devices {devices} starts more CPU processes than this machine has cores (4): the "
+                              f"ranks share the cores, one thread each, so images/sec will not scale")
 
 
 @pytest.mark.parametrize("devices, message", [
-    (5, "is 5, more CPU processes than this machine has cores (4)"),
-    (64, "is 64, more CPU processes"),
-    (0, "is 0: give a number of CPU processes from 1 to 4"),
+    (33, "is 33, more than 8 CPU processes per core (this machine has 4): give a number of CPU processes from 1 to 32"),
+    (0, "is 0: give a number of CPU processes from 1 to 32 (8 per core)"),
     (-1, "is -1 (every GPU), but the accelerator is cpu"),
     ([0], "a list of GPU indices, but the accelerator is cpu"),
 ])
-def test_cpu_requests_beyond_the_cores_are_refused(devices, message):
+def test_cpu_requests_beyond_the_ceiling_are_refused(devices, message):
     with pytest.raises(ConfigError) as error:
         check_devices(devices, "cpu", cpu_count=4, gpu_count=0)
     assert message in str(error.value)
