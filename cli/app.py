@@ -15,7 +15,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import runtime
 from callbacks import StopAtTarget
-from cli.checks import check_config, check_config_file, check_outputs, config_files
+from cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
 from cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
@@ -53,6 +53,7 @@ class FashionMNISTCLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
+        self._batch_limits = integer_batch_limits(args, [str(DEFAULT_CONFIG)])
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if ckpt_path and not checkpoint_io.is_remote(ckpt_path) and Path(ckpt_path).is_file():
@@ -60,6 +61,11 @@ class FashionMNISTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         check_config(self.config[self.subcommand])
+
+    def instantiate_trainer(self, **kwargs):
+        """A whole number of limit_*_batches / overfit_batches is a number of batches, as in Lightning's Python API
+        (the parsed config holds them as floats: cli/checks.py)."""
+        return super().instantiate_trainer(**{**self._batch_limits, **kwargs})
 
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``, ``--accelerator tpu`` without torch_xla) is the

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from runtime.errors import ConfigError, OutputNotWritableError
-from runtime.lifetime import is_launched_rank
+from runtime.lifetime import is_launched_rank, launcher_environment
 from strategies import LAYERWISE_OPTIMIZERS, NO_GPU_MESSAGE, is_fsdp
 
 DEVICES_KEY = "trainer.devices (--devices)"
@@ -114,6 +114,13 @@ def check_config(config) -> None:
         raise ConfigError(f"--optimizer {optimizer} computes per-layer norms, but fsdp gives each rank only a slice of "
                           f"a layer; use --strategy ddp with {optimizer}, or sgd/adamw with fsdp")
     check_at_least_one("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
+    nodes = trainer.num_nodes or 1
+    if nodes > 1 and not launcher_environment():
+        raise ConfigError(
+            f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
+            f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 --master-port 29500 "
+            f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
+            f"(README, \"Several machines\")")
 
 
 def check_at_least_one(key: str, value) -> None:
@@ -130,6 +137,42 @@ def config_files(args: Sequence[str]) -> List[str]:
             found.append(args[i + 1])
         elif token.startswith("--config="):
             found.append(token.split("=", 1)[1])
+    return found
+
+
+BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+                "overfit_batches")
+
+
+def integer_batch_limits(args: Sequence[str], defaults: Sequence[str] = ()) -> dict:
+    """The ``trainer.limit_*_batches`` / ``overfit_batches`` given as whole numbers (``defaults`` config files, then
+    ``--config`` files and flags, later wins): Lightning's signature puts float first, so its CLI reads ``1`` as 1.0
+    (100 %) where its Python API reads one batch. The CLI sets them back to ints: a number of batches."""
+    found = {}
+
+    def note(key: str, value) -> None:
+        if key in BATCH_LIMITS:
+            is_count = isinstance(value, int) and not isinstance(value, bool) or \
+                isinstance(value, str) and value.strip().isdigit()
+            found.update({key: int(value)}) if is_count else found.pop(key, None)
+
+    def from_file(name: str) -> None:
+        try:
+            with open(name) as stream:
+                loaded = yaml.safe_load(stream)
+        except (OSError, yaml.YAMLError):
+            return  # check_config_file and jsonargparse say what is wrong with it
+        for key, value in ((loaded or {}).get("trainer") or {}).items() if isinstance(loaded, dict) else ():
+            note(key, value)
+
+    for name in defaults:
+        from_file(name)
+    for i, token in enumerate(args):
+        key, _, value = token.partition("=")
+        if key == "--config":
+            from_file(value or (args[i + 1] if i + 1 < len(args) else ""))
+        elif key.startswith("--trainer."):
+            note(key[len("--trainer."):], value or (args[i + 1] if i + 1 < len(args) else ""))
     return found
 
 

@@ -17,7 +17,7 @@ from runtime.checkpoint_io import VerifiedCheckpointIO
 from runtime.divergence import DivergenceGuard
 from runtime.faults import JobFaults
 from runtime.lifetime import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
-from runtime.preemption import SIGNALS, Preemption, install_handlers
+from runtime.preemption import SIGNALS, Preemption, install_handlers, watch_outside_training
 from runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["DEFAULT_CHECK_EVERY_N_STEPS", "install", "guarded_process"]
@@ -50,15 +50,17 @@ def install(trainer: Trainer, check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_S
 def guarded_process() -> Iterator[None]:
     """What every train.py process does first, undone when ``main`` returns (it may run inside a caller's process):
     a launched rank dies with its launcher, the launcher tells its ranks its pid, and SIGTERM / SIGUSR1 / Ctrl-C
-    are noted for the next decision point instead of ending the process mid-step."""
+    are noted for the next decision point during training, and end the process at once outside it."""
     die_with_parent()
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
     mark_launcher()
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
     install_handlers()
+    stop_watching = watch_outside_training()
     try:
         yield
     finally:
+        stop_watching()
         for signum, handler in previous.items():
             if handler is not None:
                 signal.signal(signum, handler)

@@ -45,8 +45,9 @@ class UserFacingError(Exception):
 
 
 class ConfigError(UserFacingError, ValueError):
-    """A flag, value or configuration that cannot run."""
+    """A flag, value or configuration that cannot run: the same on every rank, so rank 0 says it."""
     hint = " (see python train.py --help)"
+    every_rank = False
 
 
 class ShorthandError(ConfigError):
@@ -182,7 +183,7 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -
         error = as_user_facing(raw, rank())
         if error is None:
             raise
-        if error.every_rank or error.rank == 0:
+        if error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0:
             stream = sys.stdout if error.to_stdout else sys.stderr
             print(f"train.py: {error.prefix}{one_line(error)}{error.hint}", file=stream, flush=True)
         wait_for(error.children, error.children_grace_s)

@@ -51,6 +51,18 @@ def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:
     return bool({"LOCAL_RANK", "SLURM_PROCID"} & set(environ))
 
 
+def launcher_environment(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a launcher told this process its place in a multi-node job (torchrun, SLURM's srun, or MASTER_ADDR /
+    WORLD_SIZE / NODE_RANK set by hand): without one, every node would take itself for node 0 and wait."""
+    return bool({"TORCHELASTIC_RUN_ID", "SLURM_PROCID", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK"} & set(environ))
+
+
+def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
+    """Rank 0 as the launchers' variables tell it before any process group exists."""
+    return all(environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK",
+                                                           "LOCAL_RANK"))
+
+
 def mark_launcher(environ=os.environ) -> None:
     """In a launching train.py, tell the ranks it will start its pid (see :func:`die_with_parent`)."""
     if not is_launched_rank(environ):

@@ -5,15 +5,18 @@ what any of them received; then every rank takes part in saving ``last.ckpt`` (r
 reads it back against its sha256) and raises :class:`~runtime.errors.Preempted`: exit 143 (SIGTERM,
 SIGUSR1) or 130 (Ctrl-C). Under ``accumulate_grad_batches`` > 1 the stop waits for the optimizer step.
 SIGUSR1 under SLURM also runs ``scontrol requeue`` once. Outside training there is no step to stop at:
-143 or 130 at once, as does a second Ctrl-C. Lightning's own handlers are off (runtime/compat.py).
+143 or 130 at once, with one line, also while the rendezvous waits. A second Ctrl-C during training stops at once.
+Lightning's own handlers are off (runtime/compat.py).
 """
 
 import os
 import re
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -23,6 +26,7 @@ from runtime import compat
 from runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from runtime.checkpoint_io import sidecar_path, verify
 from runtime.errors import ExitCode, Preempted
+from runtime.lifetime import probably_global_rank_zero
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
 _received = [False, False, False]  # per SIGNALS, in this process
@@ -30,20 +34,51 @@ _in_training = False  # between on_train_start and on_train_end: defer to the ne
 
 
 def _handler(signum, frame) -> None:
+    """Note the signal for the next decision point; outside training :func:`watch_outside_training` ends the process."""
     index = SIGNALS.index(signum)
-    if signum == signal.SIGINT and _received[index]:
+    if signum == signal.SIGINT and _received[index] and _in_training:
         raise KeyboardInterrupt  # second Ctrl-C: stop at once
     _received[index] = True
-    if not _in_training:
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(int(ExitCode.PREEMPTED))
 
 
 def install_handlers() -> None:
     """Note SIGTERM, SIGUSR1 and SIGINT in this process (main thread only)."""
     for signum in SIGNALS:
         signal.signal(signum, _handler)
+
+
+def _exit_outside_training(signum: int) -> None:
+    interrupted = signum == signal.SIGINT
+    if probably_global_rank_zero():
+        what = "interrupted (Ctrl-C)" if interrupted else f"stopped by {signal.Signals(signum).name}"
+        print(f"train.py: {what} outside training: no step to stop at, nothing saved", file=sys.stderr, flush=True)
+    os._exit(int(ExitCode.INTERRUPTED if interrupted else ExitCode.PREEMPTED))  # the ranks it started die with it
+
+
+def watch_outside_training() -> Callable[[], None]:
+    """Outside training a signal ends the process at once, from a thread woken by the signal's wakeup byte: the main
+    thread may be waiting inside torch (the rendezvous, a first collective) for the whole collective timeout, and a
+    Python handler runs only when that call returns. Returns the function that stops watching."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while data := os.read(read_fd, 64):
+            for signum in data:
+                if signum in SIGNALS and not _in_training:
+                    _exit_outside_training(signum)
+
+    thread = threading.Thread(target=watch, name="signals-outside-training", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        signal.set_wakeup_fd(previous)
+        os.close(write_fd)  # the thread reads the end of the pipe and returns
+        thread.join(timeout=1)
+        os.close(read_fd)
+
+    return stop
 
 
 def received() -> List[bool]:

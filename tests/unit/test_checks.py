@@ -1,8 +1,10 @@
 """cli/checks.py with any machine's counts: the GPU cases run here without a GPU."""
 
 import pytest
+import torch
 
-from cli.checks import check_devices, unwritable_reason
+from cli.app import main
+from cli.checks import check_devices, integer_batch_limits, unwritable_reason
 from runtime.errors import ConfigError
 
 
@@ -55,3 +57,20 @@ def test_unwritable_reason_reads_only(tmp_path):
     (tmp_path / "file").write_text("x")
     assert unwritable_reason(tmp_path / "file" / "logs") == f"{tmp_path / 'file'} is a file, not a folder"
     assert unwritable_reason("s3://bucket/runs") is None
+
+
+def test_whole_numbers_of_batch_limits_are_counts_and_the_last_one_given_wins(tmp_path):
+    config = tmp_path / "limits.yaml"
+    config.write_text("trainer:\n  limit_val_batches: 3\n  overfit_batches: 0.5\n  max_epochs: 2\n")
+    args = ["fit", "--trainer.limit_train_batches", "1", "--config", str(config), "--trainer.limit_test_batches=1.0",
+            "--trainer.limit_predict_batches=4"]
+    assert integer_batch_limits(args) == {"limit_train_batches": 1, "limit_val_batches": 3, "limit_predict_batches": 4}
+    assert integer_batch_limits(["--trainer.limit_val_batches", "2", "--config", str(config)]) == {"limit_val_batches": 3}
+    assert integer_batch_limits(["--trainer.limit_val_batches", "3", "--trainer.limit_val_batches", "0.5"]) == {}
+
+
+def test_limit_train_batches_1_trains_one_batch_per_epoch(workdir, fashion_root):
+    code = main(["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "2", "--test_after_fit", "false",
+                 "--trainer.limit_train_batches", "1"])
+    last = torch.load(workdir / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert code == 0 and last["global_step"] == 2  # one batch in each of 2 epochs (1.0 would be all 2 of 128)
