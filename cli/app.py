@@ -91,10 +91,18 @@ class FashionMNISTCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = _before_launch
 
     def after_fit(self) -> None:
+        """The test after fit: the best checkpoint by validation when validation had images of its own; the last
+        epoch's weights when it was the test split (a choice made on the test images would flatter the result)."""
         if self.trainer.interrupted or not self.config.fit.test_after_fit:
             return
         checkpoint = self.trainer.checkpoint_callback  # the first ModelCheckpoint: the best by val/acc
         best = checkpoint.best_model_path if checkpoint is not None else ""
+        if getattr(self.datamodule, "validates_on_test_split", False):
+            best = ""
+            if self.trainer.is_global_zero:
+                print("train.py: testing the last epoch's weights: validation used the test split, so the best "
+                      "checkpoint by val/acc was chosen on these images (--data.val_size N holds out a validation "
+                      "split)", flush=True)
         # The path, not "best": Lightning would warn that several ModelCheckpoints exist.
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 

@@ -15,7 +15,7 @@ from torchvision.datasets import FashionMNIST
 
 from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
 from datamodules.files import check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder, torchvision_root
-from datamodules.in_memory import Batch, InMemoryImages, already_batched
+from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
 from runtime.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
 
@@ -43,9 +43,12 @@ class FashionMNISTDataModule(LightningDataModule):
         keep_on_device: When training on a GPU with ``num_workers`` 0, hold both splits in GPU memory
             (47 + 8 MB) and gather batches there. Ignored on CPU. False: batches are gathered in host memory
             and copied from pinned memory.
-        train_subset: Train on the first N of the 60,000 training images only (the file's order, the same
-            for every seed and world size; the first 10,000 hold 942 to 1,027 images of each class); ``None``:
-            all of them. For short experiments (experiments/takeaways.py); validation is unchanged.
+        train_subset: Train on the first N training images only (the file's order after ``val_size`` is held out,
+            the same for every seed and world size; the first 10,000 hold 942 to 1,027 images of each class);
+            ``None``: all of them. For short experiments; validation is unchanged.
+        val_size: Hold out this many training images (stratified by class, the same for every seed and world size)
+            and validate on them; 0: validate on the 10,000-image test split, as the DLI workshop does (then nothing
+            may be selected on validation: the test after fit evaluates the last epoch, not the best).
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class FashionMNISTDataModule(LightningDataModule):
         horizontal_flip: bool = False,
         keep_on_device: bool = True,
         train_subset: Optional[PositiveInt] = None,
+        val_size: NonNegativeInt = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -71,7 +75,9 @@ class FashionMNISTDataModule(LightningDataModule):
         self.horizontal_flip = horizontal_flip
         self.keep_on_device = keep_on_device
         self.train_subset = train_subset
+        self.val_size = val_size
         self.train_set: Optional[InMemoryImages] = None
+        self.val_set: Optional[InMemoryImages] = None  # the held-out images; None: validation is the test split
         self._train_loader: Optional[ResumableLoader] = None
         self._resume_position: Optional[Dict[str, int]] = None  # from a checkpoint, for the next train loader
         self.test_set: Optional[InMemoryImages] = None
@@ -99,15 +105,18 @@ class FashionMNISTDataModule(LightningDataModule):
                 download_or_raise(self.data_dir, missing, download=False)
             check_raw_folder(self.raw_folder.resolve())
         root = str(torchvision_root(self.data_dir))
-        if stage == "fit" and self.train_set is None:
+        if stage in ("fit", "validate") and self.train_set is None:
             train = FashionMNIST(root, train=True, download=False)
-            n = self.train_subset or len(train.targets)  # the first n images (all when the split is smaller)
-            self.train_set = InMemoryImages(train.data[:n], train.targets[:n])
+            kept, held_out = stratified_holdout(train.targets, self.val_size)
+            if self.val_size:
+                self.val_set = InMemoryImages(train.data[held_out], train.targets[held_out])
+            kept = kept[: self.train_subset]  # the first n images left (all when there are fewer)
+            self.train_set = InMemoryImages(train.data[kept], train.targets[kept])
         if self.test_set is None:
             test = FashionMNIST(root, train=False, download=False)
             self.test_set = InMemoryImages(test.data, test.targets)
         device = self._resident_device()
-        for split in (self.train_set, self.test_set):
+        for split in (self.train_set, self.val_set, self.test_set):
             if split is not None and split.device != device:
                 split.to(device)
 
@@ -199,22 +208,27 @@ class FashionMNISTDataModule(LightningDataModule):
         else:
             self._resume_position = position
 
-    def _eval_loader(self) -> DataLoader:
-        """Each test image is evaluated exactly once, whatever the world size (no padded duplicates)."""
+    def _eval_loader(self, split: InMemoryImages) -> DataLoader:
+        """Each image is evaluated exactly once, whatever the world size (no padded duplicates)."""
         sampler = None
         world_size, rank = self._world()
         if world_size > 1:
-            sampler = UnrepeatedDistributedSampler(self.test_set, num_replicas=world_size, rank=rank, shuffle=False)
-        return self._loader(self.test_set, self._process_batch(self.eval_batch_size), shuffle=False, sampler=sampler)
+            sampler = UnrepeatedDistributedSampler(split, num_replicas=world_size, rank=rank, shuffle=False)
+        return self._loader(split, self._process_batch(self.eval_batch_size), shuffle=False, sampler=sampler)
+
+    @property
+    def validates_on_test_split(self) -> bool:
+        """Whether validation reports on the test images (``val_size`` 0): then nothing may be selected by it."""
+        return not self.val_size
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        return self._eval_loader(self.test_set if self.validates_on_test_split else self.val_set)
 
     def test_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        return self._eval_loader(self.test_set)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._eval_loader()
+        return self._eval_loader(self.test_set)
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
         """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there."""

@@ -6,6 +6,8 @@ from typing import Sequence, Tuple
 import torch
 from torch.utils.data import Dataset
 
+from runtime.errors import ConfigError
+
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
 
@@ -42,3 +44,23 @@ class InMemoryImages(Dataset):
 def already_batched(batch: Batch) -> Batch:
     """``collate_fn`` for :class:`InMemoryImages`: ``__getitems__`` has already built the batch."""
     return batch
+
+
+def stratified_holdout(labels: torch.Tensor, size: int, seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out) indices, each ascending: ``size`` images held out with every class in proportion (largest
+    remainders get the rounding), drawn by a generator of ``seed``: the same split on every rank and world size."""
+    if not 0 <= size < len(labels):
+        raise ConfigError(f"data.val_size is {size}: hold out from 0 to {len(labels) - 1} of the {len(labels)} "
+                          f"training images")
+    classes, counts = torch.unique(labels, return_counts=True)
+    quotas = counts * size / len(labels)
+    taken = quotas.floor().long()
+    remainder_order = torch.argsort(quotas - taken, descending=True, stable=True)
+    taken[remainder_order[: size - int(taken.sum())]] += 1
+    generator = torch.Generator().manual_seed(seed)
+    held = [torch.nonzero(labels == c).flatten()[torch.randperm(int(n), generator=generator)][:int(k)]
+            for c, n, k in zip(classes, counts, taken)]
+    held_out = torch.cat(held).sort().values if held else torch.zeros(0, dtype=torch.long)
+    keep = torch.ones(len(labels), dtype=torch.bool)
+    keep[held_out] = False
+    return torch.nonzero(keep).flatten(), held_out

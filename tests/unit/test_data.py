@@ -1,20 +1,26 @@
-"""Fashion-MNIST files: where they are looked for, what a missing file says, and how batches are served."""
+"""Fashion-MNIST files: where they are looked for, what a damaged file says, the held-out validation split, and how
+batches are served."""
 
 import gzip
 import struct
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from cli import app as train
+from cli.app import main
 from datamodules import FashionMNISTDataModule
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD
 from datamodules.files import default_data_dir, torchvision_root
-from datamodules.in_memory import InMemoryImages
-from runtime.errors import CorruptDataError
+from datamodules.in_memory import InMemoryImages, stratified_holdout
+from runtime.errors import ConfigError, CorruptDataError
 from tests.idx_files import sample_ids
 
+
+def normalised(images: torch.Tensor) -> torch.Tensor:
+    return (images.float() / 255 - PIXEL_MEAN) / PIXEL_STD
 
 # Each way an IDX file can be damaged: (file, how, what the one line must say). torchvision 0.29 accepts the
 # label-count and label-value cases (training then fails mid-epoch or silently drops images), and fails on the
@@ -110,3 +116,41 @@ def test_setup_checks_the_files_on_every_rank(damaged_copy):
         dm.setup("fit")
 
 
+
+
+def test_the_held_out_split_is_disjoint_stratified_and_the_same_every_time():
+    labels = torch.arange(1000) % 10
+    labels[:37] = 3  # uneven classes
+    kept, held = stratified_holdout(labels, 101)
+    assert len(held) == 101 and len(kept) == 899 and set(kept.tolist()).isdisjoint(held.tolist())
+    assert sorted(kept.tolist() + held.tolist()) == list(range(1000))
+    counts = torch.bincount(labels, minlength=10)
+    for cls, n in enumerate(torch.bincount(labels[held], minlength=10).tolist()):
+        assert abs(n - counts[cls].item() * 101 / 1000) < 1, (cls, n)
+    again_kept, again_held = stratified_holdout(labels, 101)
+    assert torch.equal(held, again_held) and torch.equal(kept, again_kept)
+    with pytest.raises(ConfigError, match="data.val_size is 1000: hold out from 0 to 999"):
+        stratified_holdout(labels, 1000)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_validation_on_held_out_images_sees_each_once_and_none_of_them_is_trained_on(fashion_root, world_size):
+    seen_val, seen_train = [], []
+    for rank in range(world_size):
+        data = FashionMNISTDataModule(data_dir=str(fashion_root), val_size=40, eval_batch_size=7, download=False)
+        data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, lightning_module=None,
+                                       strategy=SimpleNamespace(root_device=torch.device("cpu")), training=False)
+        data.setup("fit")
+        assert not data.validates_on_test_split and data.train_images == 256 - 40
+        seen_val += [i for images, _ in data.val_dataloader() for i in sample_ids(normalised(images))]
+        seen_train += [i for images, _ in data.train_dataloader() for i in sample_ids(normalised(images))]
+    assert sorted(seen_val) == sorted(set(seen_val)) and len(seen_val) == 40  # each held-out image once
+    assert set(seen_val).isdisjoint(seen_train) and len(set(seen_train)) == 216
+
+
+def test_the_test_after_fit_uses_the_last_epoch_when_validation_is_the_test_split(capsys, workdir, fashion_root):
+    args = ["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "2"]
+    assert main(args) == 0
+    assert "train.py: testing the last epoch's weights: validation used the test split" in capsys.readouterr().out
+    assert main([*args, "--data.val_size", "50"]) == 0
+    assert "testing the last epoch" not in capsys.readouterr().out  # the best by val/acc on held-out images
