@@ -2,9 +2,10 @@
 target. The arithmetic lives in plain classes the callbacks call. The always-on guards live in runtime/."""
 
 from callbacks.memory import PeakMemory
+from callbacks.pictures import TestPictures
 from callbacks.predictions import PredictionCSV
 from callbacks.stop_at_target import StopAtTarget
 from callbacks.throughput import ThroughputReport
 from callbacks.time_to_accuracy import TimeToAccuracy
 
-__all__ = ["PeakMemory", "PredictionCSV", "StopAtTarget", "ThroughputReport", "TimeToAccuracy"]
+__all__ = ["PeakMemory", "PredictionCSV", "StopAtTarget", "ThroughputReport", "TestPictures", "TimeToAccuracy"]

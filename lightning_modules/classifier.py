@@ -157,7 +157,7 @@ class FashionMNISTClassifier(LightningModule):
             logits = (logits + self(images.flip(-1))) / 2
         return logits
 
-    def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> None:
+    def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> torch.Tensor:
         images, targets = batch
         logits = self.evaluation_logits(images)
         # Summed per image and synced by torchmetrics at epoch end: exact for any world size.
@@ -165,12 +165,14 @@ class FashionMNISTClassifier(LightningModule):
         accuracy.update(logits, targets)
         self.log(f"{stage}/loss", mean_loss, on_step=False, on_epoch=True)
         self.log(f"{stage}/acc", accuracy, on_step=False, on_epoch=True)
+        return logits
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._evaluate(batch, self.val_acc, self.val_loss, "val")
 
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._evaluate(batch, self.test_acc, self.test_loss, "test")
+    def test_step(self, batch, batch_idx: int) -> Dict[str, torch.Tensor]:
+        """The predictions go to callbacks (callbacks/pictures.py)."""
+        return {"preds": self._evaluate(batch, self.test_acc, self.test_loss, "test").argmax(dim=1)}
 
     def predict_step(self, batch, batch_idx: int) -> torch.Tensor:
         return self.evaluation_logits(batch[0]).argmax(dim=1)

@@ -96,6 +96,20 @@ def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
     assert (run_dir / "config.yaml").is_file() and "effective_batch_size: 64" in (run_dir / "hparams.yaml").read_text()
 
 
+def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorboard(first_run):
+    cwd, result = first_run
+    images, found = {}, scalars(cwd / "runs" / "fashion_mnist" / "version_0")
+    for events in (cwd / "runs" / "fashion_mnist" / "version_0").glob("events.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"images": 0})
+        accumulator.Reload()
+        images.update({tag: accumulator.Images(tag) for tag in accumulator.Tags()["images"]})
+    assert sorted(images) == ["test/confusion_matrix", "test/misclassified"]
+    assert all(len(shots) == 1 and shots[0].width > 300 for shots in images.values())
+    per_class = {tag: values for tag, values in found.items() if tag.startswith("test/acc_class/")}
+    assert len(per_class) == 10 and "test/acc_class/T-shirt-top" in per_class
+    assert all(0 <= values[0][1] <= 1 for values in per_class.values())
+
+
 def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
     cwd, _ = first_run
     (events,) = [p for p in (cwd / "runs" / "fashion_mnist" / "version_0").glob("events.*")
