@@ -215,7 +215,11 @@ class ThroughputReport(Callback):
                 logged.get("val/loss"),
                 logged.get("val/acc"),
             )
-            print(line, flush=True)
+            bar = trainer.progress_bar_callback
+            if bar is not None and bar.is_enabled:
+                bar.print(line)  # through the bar, so it is not broken
+            else:
+                print(line, flush=True)
 
     def state_dict(self) -> dict:
         return {"cumulative_s": self.cumulative_s}

@@ -10,11 +10,13 @@ from typing import List, Optional, Sequence
 
 from jsonargparse.typing import PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import runtime
 from callbacks import StopAtTarget
+from callbacks.progress import progress_bar
 from cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
 from cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
@@ -44,6 +46,8 @@ class FashionMNISTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="fit only: evaluate the best checkpoint on the test split when training ends")
+        parser.add_argument("--progress", type=Optional[bool], default=None,
+                            help="a progress bar inside each epoch; default: when stdout is a terminal")
         parser.add_argument("--check_every_n_steps", type=PositiveInt, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
                             help="the ranks agree on stopping (signal, divergence) every N optimizer steps, and at "
                                  "every validation, epoch end and checkpoint: a signal stops the run within N steps")
@@ -64,8 +68,15 @@ class FashionMNISTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """A whole number of limit_*_batches / overfit_batches is a number of batches, as in Lightning's Python API
-        (the parsed config holds them as floats: cli/checks.py)."""
-        return super().instantiate_trainer(**{**self._batch_limits, **kwargs})
+        (the parsed config holds them as floats: cli/checks.py); ``--progress`` puts our bar in Lightning's place."""
+        progress = self.config[self.subcommand].progress
+        if progress is None:
+            progress = sys.stdout.isatty()
+        trainer = super().instantiate_trainer(**{**self._batch_limits, "enable_progress_bar": progress, **kwargs})
+        lightnings = [i for i, c in enumerate(trainer.callbacks) if type(c) in (TQDMProgressBar, RichProgressBar)]
+        for index in lightnings:
+            trainer.callbacks[index] = progress_bar()
+        return trainer
 
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``, ``--accelerator tpu`` without torch_xla) is the

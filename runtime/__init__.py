@@ -12,7 +12,7 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
-from runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement
+from runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement, TrainingLoss
 from runtime.checkpoint_io import VerifiedCheckpointIO
 from runtime.divergence import DivergenceGuard
 from runtime.faults import JobFaults
@@ -29,8 +29,9 @@ def install(trainer: Trainer, check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_S
     1. ``JobFaults``, first of all: its ``on_exception`` must run before the checkpoint callbacks' (no collective
        save with a rank that is gone).
     2. after the user's callbacks but before the checkpoint callbacks (which Lightning puts last when it builds the
-       trainer, so that every decision below precedes every save), the participants of the agreement: ``DivergenceGuard`` before ``Preemption``
-       (a diverged run stops without the checkpoint a signal would write);
+       trainer, so that every decision below precedes every save), the participants of the agreement:
+       ``DivergenceGuard`` before ``Preemption`` (a diverged run stops without the checkpoint a signal would write),
+       then ``TrainingLoss`` (the mean loss the progress bar shows);
     3. ``Agreement``, after its participants: at a decision point it reads what they noted for this batch;
     4. ``RngState`` and ``TensorBoardRun``: state saved with every checkpoint.
 
@@ -38,7 +39,7 @@ def install(trainer: Trainer, check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_S
     """
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = VerifiedCheckpointIO()
-    participants = [DivergenceGuard(), Preemption()]
+    participants = [DivergenceGuard(), Preemption(), TrainingLoss()]
     callbacks = trainer.callbacks
     callbacks.insert(0, JobFaults())
     first_checkpoint = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))

@@ -13,7 +13,8 @@ they see in device tensors. A signal is acted on at the next point, so it stops 
 ``check_every_n_steps`` optimizer steps later (docs/reliability.md gives the measured delay).
 """
 
-from typing import List, Sequence
+import math
+from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -101,3 +102,33 @@ class Agreement(Callback):
         is handled: a rank may be gone, and a collective would wait for it."""
         if self._trained_since and trainer.state.fn == "fit" and not trainer.interrupted:
             self.decide(trainer, pl_module, BEFORE_SAVE)
+
+
+class TrainingLoss(Participant):
+    """The training loss averaged over the steps since the last decision point and over every rank: on the host at
+    each point, at no read of its own (the progress bar shows it); ``latest`` is None before the first point."""
+
+    size = 1
+
+    def __init__(self) -> None:
+        self.latest: Optional[float] = None
+        self._sum: Optional[torch.Tensor] = None
+        self._steps = 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if torch.is_tensor(loss):
+            loss = loss.detach().float().reshape(())
+            self._sum = loss if self._sum is None else self._sum + loss
+            self._steps += 1
+
+    def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
+        if not self._steps:
+            return torch.full((1,), math.nan, device=pl_module.device)
+        return (self._sum / self._steps).reshape(1).to(pl_module.device)
+
+    def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
+        means = [row[0] for row in rows if not math.isnan(row[0])]
+        if means:
+            self.latest = sum(means) / len(means)
+        self._sum, self._steps = None, 0
