@@ -1,0 +1,29 @@
+"""The documentation does not drift from the code: the shorthand table is cli/shorthand.py's, and every
+``python train.py`` command in README.md and docs/cli.md parses."""
+
+import re
+import shlex
+
+import pytest
+
+from cli.app import main
+from cli.launch import REPO
+from cli.shorthand import SHORTHAND_TABLE
+
+COMMANDS = [line.strip() for name in ("README.md", "docs/cli.md") for line in (REPO / name).read_text().splitlines()
+            if line.strip().startswith("python train.py")]
+
+
+def test_the_shorthand_table_in_docs_cli_is_the_one_the_code_uses():
+    rows = re.findall(r"^\| `(--\w+)` \| `(--[\w.]+)` \| `(--\w+) ([^`]+)` \|$", (REPO / "docs/cli.md").read_text(), re.M)
+    assert {short: (full, example) for short, full, _, example in rows} == SHORTHAND_TABLE
+    assert all(short == again for short, _, again, _ in rows)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_documented_command_parses(capsys, monkeypatch, command):
+    monkeypatch.chdir(REPO)  # the commands name configs/ relative to it; --print_config writes nothing
+    args = shlex.split(command.split("#")[0])[2:]
+    with pytest.raises(SystemExit) as printed:
+        main([*args, "--print_config"])
+    assert printed.value.code in (0, None), capsys.readouterr().err
