@@ -12,6 +12,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.throughput import log_to_loggers
+from strategies import local_shard
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -28,9 +29,9 @@ def model_state_mb(module: torch.nn.Module, optimizers: Iterable[torch.optim.Opt
 
     Under fsdp a parameter here is this rank's shard, so the figures are per rank.
     """
-    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    params = sum(local_shard(p).numel() * p.element_size() for p in module.parameters())
     state = sum(
-        value.numel() * value.element_size()
+        local_shard(value).numel() * value.element_size()
         for optimizer in optimizers
         for per_param in optimizer.state.values()
         for value in per_param.values()

@@ -46,18 +46,35 @@ class TestPictures(Callback):
         loggers = [logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)]
         if not trainer.is_global_zero or not loggers:
             return
-        per_class = (matrix.diag() / matrix.sum(dim=1).clamp(min=1)).tolist()
-        figure, _ = self._matrix.plot(labels=CLASSES)
-        figure.set_size_inches(9, 8)
+        counts = matrix.tolist()  # one read; torchmetrics' own plot reads every cell
+        per_class = [row[i] / max(sum(row), 1) for i, row in enumerate(counts)]
         for logger in loggers:
             writer, step = logger.experiment, trainer.global_step
-            writer.add_figure("test/confusion_matrix", figure, step)
+            writer.add_figure("test/confusion_matrix", self._matrix_figure(counts), step)
             writer.add_figure("test/misclassified", self._grid(), step)
             logger.log_metrics({f"test/acc_class/{name.replace('/', '-')}": acc
                                 for name, acc in zip(CLASSES, per_class)}, step)
 
-    def _grid(self):
+    @staticmethod
+    def _matrix_figure(counts):
         from matplotlib.figure import Figure  # no pyplot: no global state, no display
+
+        figure = Figure(figsize=(9, 8), layout="constrained")
+        axes = figure.add_subplot()
+        axes.imshow(counts, cmap="viridis")
+        top = max(max(row) for row in counts) or 1
+        for true, row in enumerate(counts):
+            for predicted, n in enumerate(row):
+                axes.text(predicted, true, str(n), ha="center", va="center", fontsize=9,
+                          color="black" if n > top / 2 else "white")
+        axes.set_xticks(range(len(CLASSES)), CLASSES, rotation=45, ha="right")
+        axes.set_yticks(range(len(CLASSES)), CLASSES)
+        axes.set_xlabel("predicted class")
+        axes.set_ylabel("true class")
+        return figure
+
+    def _grid(self):
+        from matplotlib.figure import Figure
 
         columns = 8
         rows = max(1, -(-len(self._wrong) // columns))

@@ -120,7 +120,7 @@ class FashionMNISTCLI(LightningCLI):
 
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
     """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
-    register_strategies()  # dp and fsdp_cpu, before the parser validates --trainer.strategy
+    register_strategies()  # dp and FSDP2's fsdp, before the parser validates --trainer.strategy
     try:
         lifetime.set_collective_timeout()  # $FASHION_MNIST_COLLECTIVE_TIMEOUT, default 300 s
     except ValueError as error:

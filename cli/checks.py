@@ -12,7 +12,7 @@ import yaml
 
 from runtime.errors import ConfigError, OutputNotWritableError
 from runtime.lifetime import is_launched_rank, launcher_environment
-from strategies import LAYERWISE_OPTIMIZERS, NO_GPU_MESSAGE, is_fsdp
+from strategies import CPU_NAME, NO_GPU_MESSAGE, UNSHARDABLE_OPTIMIZERS, is_fsdp
 
 DEVICES_KEY = "trainer.devices (--devices)"
 
@@ -92,8 +92,7 @@ def resolved_accelerator(accelerator, cuda: Optional[bool] = None) -> Optional[s
 
 
 def check_config(config) -> None:
-    """The subcommand's parsed config: what would fail late or silently. ``--strategy fsdp`` on CPU becomes our gloo
-    FSDP (``fsdp_cpu``; Lightning refuses CPU)."""
+    """The subcommand's parsed config: what would fail late or silently."""
     trainer = config.trainer
     max_epochs = trainer.max_epochs
     if max_epochs is not None and (max_epochs == 0 or max_epochs < -1):
@@ -108,11 +107,11 @@ def check_config(config) -> None:
         if warning and not is_launched_rank():  # the launching process says it once
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
     if trainer.strategy == "fsdp" and accelerator == "cpu":
-        trainer.strategy = "fsdp_cpu"
+        trainer.strategy = CPU_NAME  # the same FSDP2 strategy: Lightning refuses the name fsdp on CPU
     optimizer = config.model.optimizer
-    if is_fsdp(trainer.strategy) and optimizer in LAYERWISE_OPTIMIZERS:
-        raise ConfigError(f"--optimizer {optimizer} computes per-layer norms, but fsdp gives each rank only a slice of "
-                          f"a layer; use --strategy ddp with {optimizer}, or sgd/adamw with fsdp")
+    if is_fsdp(trainer.strategy) and optimizer in UNSHARDABLE_OPTIMIZERS:
+        raise ConfigError(f"--optimizer {optimizer} keeps a plain tensor beside fsdp's sharded parameters, which torch "
+                          f"refuses; use --strategy ddp with {optimizer}, or lamb/lars/sgd/adamw with fsdp")
     check_at_least_one("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
     nodes = trainer.num_nodes or 1
     if nodes > 1 and not launcher_environment():

@@ -12,7 +12,6 @@ from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
@@ -25,6 +24,7 @@ from lightning_modules.networks import NUM_CLASSES, build_network
 from lightning_modules.optim import (OptimizerName, ScalingRule, ScheduleName, add_gradient_noise, build_optimizer,
                                      lr_factor, param_groups)
 from runtime import compat
+from strategies import FullyShardedStrategy
 
 
 class FashionMNISTClassifier(LightningModule):
@@ -124,6 +124,11 @@ class FashionMNISTClassifier(LightningModule):
         self.batch_plan: Optional[BatchPlan] = None
         self.run_facts: Dict[str, Any] = {}
 
+    def configure_model(self) -> None:
+        """Under ``--strategy fsdp`` the strategy shards the network here (strategies/fsdp.py)."""
+        if isinstance(self._trainer.strategy if self._trainer else None, FullyShardedStrategy):
+            self._trainer.strategy.shard(self.net)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         images = images.contiguous(memory_format=self.memory_format)
         if self.hparams.compile:
@@ -144,7 +149,7 @@ class FashionMNISTClassifier(LightningModule):
         hp = self.hparams
         if hp.grad_noise_eta > 0:
             trainer = self.trainer
-            stream = trainer.global_rank if isinstance(trainer.strategy, FSDPStrategy) else 0
+            stream = trainer.global_rank if isinstance(trainer.strategy, FullyShardedStrategy) else 0
             seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set on every rank by seed_everything
             std = add_gradient_noise(self.parameters(), trainer.global_step, hp.grad_noise_eta, hp.grad_noise_gamma,
                                      seed=seed, stream=stream)
@@ -227,7 +232,7 @@ class FashionMNISTClassifier(LightningModule):
 
 
 def strategy_label(strategy) -> str:
-    """The registry name users type (``fsdp``, ``fsdp_cpu``, ``dp``), else ``DDPStrategy`` -> ``ddp``."""
+    """The registry name users type (``fsdp``, ``dp``), else ``DDPStrategy`` -> ``ddp``."""
     registered = getattr(type(strategy), "strategy_name", None)
     if registered:
         return registered

@@ -8,6 +8,8 @@ from typing import Dict, Iterable, List, Literal, Optional
 import torch
 from torch import nn
 
+from strategies.fsdp import local_shard
+
 OptimizerName = Literal["sgd", "adamw", "novograd", "lamb", "lars"]
 ScalingRule = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["constant", "cosine", "step"]
@@ -119,7 +121,7 @@ def add_gradient_noise(
     std = math.sqrt(grad_noise_variance(step, eta, gamma))
     generators: Dict[torch.device, torch.Generator] = {}
     for param in params:
-        grad: Optional[torch.Tensor] = param.grad
+        grad: Optional[torch.Tensor] = None if param.grad is None else local_shard(param.grad)  # fsdp: this rank's
         if grad is None or grad.numel() == 0:
             continue
         generator = generators.get(grad.device)

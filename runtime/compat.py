@@ -87,6 +87,13 @@ def release_children(trainer: Trainer) -> List[Any]:
     return children
 
 
+def shard_over_every_rank(strategy) -> None:
+    """ModelParallelStrategy's "auto" mesh is nodes × devices (data × tensor parallel): FSDP alone wants one
+    data-parallel dimension of every rank (strategies/fsdp.py)."""
+    strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
+    strategy._tensor_parallel_size = 1
+
+
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
     return {key: value for key, value in params.items() if key not in CLI_PRIVATE_KEYS}
 
@@ -94,7 +101,7 @@ def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
 def _required() -> List[tuple]:
     """(owner, attribute) pairs this module and the strategies' overridden hooks rely on."""
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-    from lightning.pytorch.strategies import FSDPStrategy, ParallelStrategy
+    from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning.fabric.plugins.environments import LightningEnvironment
     from torch.utils.tensorboard import SummaryWriter
@@ -108,9 +115,10 @@ def _required() -> List[tuple]:
         (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
         (trainer.fit_loop, "_data_fetcher"), (ModelCheckpoint, "_find_last_checkpoints"),
         (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
-        (launcher, "procs"),
-        # Hooks strategies/ overrides: FSDP on CPU and fsdp's test-after-fit fix; dp's one-process launcher check.
-        (FSDPStrategy, "_setup_model"), (ParallelStrategy, "_configure_launcher"),
+        (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
+        (ModelParallelStrategy(), "_tensor_parallel_size"),
+        # A hook strategies/ overrides: dp's one-process launcher check.
+        (ParallelStrategy, "_configure_launcher"),
     ]
 
 

@@ -11,7 +11,7 @@ import sys
 from datetime import timedelta
 from typing import Mapping, Optional
 
-from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, StrategyRegistry
 
 TIMEOUT_ENV = "FASHION_MNIST_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
@@ -41,7 +41,7 @@ def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
     for name in list(StrategyRegistry):
         entry = StrategyRegistry[name]
         strategy = entry.get("strategy")
-        if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy)):
+        if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
             entry.setdefault("init_params", {})["timeout"] = timeout
     return timeout
 

@@ -1,13 +1,13 @@
 """Strategies Lightning 2.x lacks, registered in Lightning's StrategyRegistry: ``dp`` (removed in Lightning 2.0) and
-``fsdp`` / ``fsdp_cpu`` (Lightning's FSDP fixed for test-after-fit and able to run on CPU over gloo)."""
+``fsdp`` as FSDP2 (``fully_shard``) on GPUs and on CPU over gloo (Lightning's own ``fsdp`` is FSDP1, GPUs only)."""
 
 from lightning.pytorch.strategies import StrategyRegistry
 
 from strategies.dp import NO_GPU_MESSAGE, DataParallelStrategy
-from strategies.fsdp import LAYERWISE_OPTIMIZERS, ShardedDataParallelStrategy, is_fsdp
+from strategies.fsdp import CPU_NAME, UNSHARDABLE_OPTIMIZERS, FullyShardedStrategy, is_fsdp, local_shard
 
-__all__ = ["DataParallelStrategy", "LAYERWISE_OPTIMIZERS", "NO_GPU_MESSAGE", "ShardedDataParallelStrategy", "is_fsdp",
-           "register_strategies"]
+__all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "NO_GPU_MESSAGE", "UNSHARDABLE_OPTIMIZERS", "is_fsdp",
+           "local_shard", "register_strategies"]
 
 
 def register_strategies() -> None:
@@ -16,14 +16,7 @@ def register_strategies() -> None:
         StrategyRegistry.register(
             "dp", DataParallelStrategy, description="DataParallel: one process, batch split over the visible GPUs"
         )
-    if StrategyRegistry["fsdp"]["strategy"] is not ShardedDataParallelStrategy:
-        StrategyRegistry.register(
-            "fsdp", ShardedDataParallelStrategy, description="Fully Sharded Data Parallel on GPUs", override=True
-        )
-        StrategyRegistry.register(
-            "fsdp_cpu",
-            ShardedDataParallelStrategy,
-            description="Fully Sharded Data Parallel on CPU processes over gloo",
-            override=True,
-            process_group_backend="gloo",
-        )
+    if StrategyRegistry["fsdp"]["strategy"] is not FullyShardedStrategy:
+        for name in ("fsdp", CPU_NAME):
+            StrategyRegistry.register(name, FullyShardedStrategy, override=True,
+                                      description="FSDP2 (fully_shard): each rank holds 1/N of every parameter")

@@ -1,53 +1,65 @@
-"""``--strategy fsdp``: Lightning's FSDPStrategy, runnable on CPU over gloo (``fsdp_cpu``: Lightning refuses CPU, and
-torch's FSDP needs the CPU device given), and reusing its wrapper for the test after fit (Lightning #20373).
-Why layer-wise optimizers are refused: docs/strategies.md, "fsdp".
+"""``--strategy fsdp``: FSDP2 (torch's ``fully_shard``: every parameter a DTensor sharded over the ranks) through
+Lightning's ModelParallelStrategy, on GPUs over NCCL and on CPU over gloo. Every rank is one data-parallel shard (no
+tensor parallelism), and checkpoints hold the full weights in one file, so they load in a one-process run.
+
+LARS and LAMB compute their per-layer norms on DTensors, that is over the whole layer: they train as under ddp
+(tests/test_fsdp.py). NovoGrad keeps a plain tensor beside DTensor parameters and fails: refused. docs/strategies.md.
 """
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
-
-# Optimizers whose update depends on whole-layer norms: wrong on flat shards.
-LAYERWISE_OPTIMIZERS = ("lars", "lamb", "novograd")
-FSDP_STRATEGY_NAMES = ("fsdp", "fsdp_cpu", "fsdp_cpu_offload")
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
 
-class ShardedDataParallelStrategy(FSDPStrategy):
-    """Registered as ``fsdp`` (CUDA, NCCL) and ``fsdp_cpu`` (CPU, gloo)."""
+UNSHARDABLE_OPTIMIZERS = ("novograd",)  # its state mixes plain tensors with DTensors: torch refuses
+# Lightning refuses any strategy *named* fsdp without a GPU (its FSDP1 check): on CPU the CLI names ours so.
+CPU_NAME = "fsdp_cpu"
+
+
+class FullyShardedStrategy(ModelParallelStrategy):
+    """Registered as ``fsdp`` and ``fsdp_cpu``; the LightningModule's ``configure_model`` calls :meth:`shard`."""
+
+    strategy_name = "fsdp"
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("save_distributed_checkpoint", False)  # one file of full weights, written by rank 0
         super().__init__(**kwargs)
-        self._wrapped: Optional[nn.Module] = None  # the FSDP module of the last setup, reused by later stages
 
-    def _setup_model(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import FullyShardedDataParallel
+    def setup_environment(self) -> None:
+        from runtime import compat  # here: runtime's guards import this module (local_shard)
 
-        if self._wrapped is not None and self._wrapped.module is model:
-            return self._wrapped  # fit, then test: the module is already sharded
-        if self.root_device.type != "cpu" or any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
-            self._wrapped = super()._setup_model(model)
-            return self._wrapped
-        # Lightning passes device_id=root_device.index, None on CPU, which torch rejects without an accelerator.
-        self._wrapped = FullyShardedDataParallel(
-            module=model,
-            cpu_offload=self.cpu_offload,
-            mixed_precision=self.mixed_precision_config,
-            sharding_strategy=self.sharding_strategy,
-            device_id=torch.device("cpu"),
-            **self.kwargs,
-        )
-        return self._wrapped
+        compat.shard_over_every_rank(self)  # a data-parallel mesh of all ranks, not Lightning's nodes × devices
+        super().setup_environment()
+
+    def shard(self, module: nn.Module) -> None:
+        """Each layer with parameters its own FSDP unit (its weights gathered only while it runs), then the whole;
+        idempotent: Lightning calls ``configure_model`` in every stage."""
+        if isinstance(module, FSDPModule):
+            return
+        module.to(memory_format=torch.contiguous_format)  # FSDP2 shards contiguous parameters only (not NHWC)
+        mesh = self.device_mesh["data_parallel"]
+        for layer in module.modules():
+            if layer is not module and any(True for _ in layer.parameters(recurse=False)):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds: its shard of a DTensor (FSDP2), else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def is_fsdp(strategy: Any) -> bool:
-    """True for ``--strategy fsdp``-like names and for FSDP class paths given in a config file."""
+    """True for ``--strategy fsdp`` and for an FSDP strategy given as a class path in a config file."""
     if isinstance(strategy, str):
-        return strategy in FSDP_STRATEGY_NAMES
-    if isinstance(strategy, FSDPStrategy):
+        return strategy in ("fsdp", CPU_NAME)
+    if isinstance(strategy, FullyShardedStrategy):
         return True
     class_path = getattr(strategy, "class_path", None)
     if class_path is None and isinstance(strategy, dict):
         class_path = strategy.get("class_path")
-    return bool(class_path) and "FSDP" in str(class_path)
+    return bool(class_path) and ("FSDP" in str(class_path) or "FullyShardedStrategy" in str(class_path))

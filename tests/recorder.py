@@ -87,15 +87,17 @@ class WeightsRecorder(Callback):
     def on_train_end(self, trainer, pl_module):
         import torch
 
+        from strategies import local_shard
+
         self._save_weights(trainer, "weights.pt")
         optimizer_state = sum(
-            value.numel()
+            local_shard(value).numel()
             for per_param in trainer.optimizers[0].state.values()
             for value in per_param.values()
             if torch.is_tensor(value) and value.dim() > 0
         )
         record = {
-            "parameters": sum(p.numel() for p in pl_module.parameters()),
+            "parameters": sum(local_shard(p).numel() for p in pl_module.parameters()),
             "optimizer_state": optimizer_state,
             "losses": self.losses,
         }

@@ -1,4 +1,5 @@
-"""``--strategy fsdp`` on CPU processes over gloo: really sharded, same training as ddp, portable checkpoints."""
+"""``--strategy fsdp`` (FSDP2) on CPU processes over gloo: really sharded, the same training as ddp (also with the
+layer-wise LAMB and LARS, whose norms DTensor computes over whole layers), portable checkpoints."""
 
 import pytest
 import torch
@@ -23,9 +24,9 @@ def ddp(strategy_runs):
     return strategy_runs.get(*DDP2, "--batch_size", "16", *MOMENTUM)
 
 
-def test_fsdp_on_cpu_runs_lightnings_fsdp_over_gloo(fsdp):
-    assert "strategy fsdp, backend gloo" in fsdp.output
-    assert "test/acc" in fsdp.output  # test after fit reloads the best checkpoint into the sharded model
+def test_fsdp_on_cpu_runs_fsdp2_over_gloo(fsdp):
+    assert "strategy fsdp, backend gloo" in fsdp.output and "FSDPSequential" in fsdp.output  # fully_shard's class
+    assert "test/acc" in fsdp.output  # the test after fit, on the sharded model
 
 
 def test_each_rank_holds_half_the_parameters_and_optimizer_state(fsdp, ddp):
@@ -55,3 +56,24 @@ def test_a_checkpoint_saved_under_fsdp_loads_in_a_single_process(fsdp, fashion_r
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test/acc" in result.stdout
+
+
+@pytest.mark.parametrize("optimizer, lr", [("lamb", "0.01"), ("lars", "0.05")])
+def test_layerwise_optimizers_train_under_fsdp_as_under_ddp(strategy_runs, optimizer, lr):
+    """Each rank holds half of every layer, yet the trust ratios use whole-layer norms (DTensor reduces them): the
+    weights after 8 steps equal ddp's up to float rounding. With 32 held-out images the test after fit also
+    reloads the best checkpoint into the sharded model."""
+    flags = ("--devices", "2", "--batch_size", "16", "--optimizer", optimizer, "--lr", lr, "--data.val_size", "32")
+    sharded = strategy_runs.get("--strategy", "fsdp", *flags, "--test_after_fit", "true")
+    replicated = strategy_runs.get("--strategy", "ddp", *flags)
+    assert sharded.distance(replicated) < 1e-5 and sharded.moved() > 1e-3
+    assert "Restoring states from the checkpoint path" in sharded.output and "test/acc" in sharded.output
+
+
+def test_the_default_cnn_with_its_nhwc_weights_trains_under_fsdp(tmp_path, fashion_root):
+    """FSDP2 shards contiguous parameters only: the strategy turns the NHWC (channels_last) weights back first."""
+    result = run_train(["--strategy", "fsdp", "--accelerator", "cpu", "--devices", "2", "--data_dir", str(fashion_root),
+                        "--epochs", "1", "--batch_size", "16", "--trainer.limit_train_batches", "2",
+                        "--test_after_fit", "false"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Epoch 1:" in result.stdout

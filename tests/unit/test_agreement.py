@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import runtime
@@ -125,7 +125,7 @@ def test_accuracy_is_judged_one_epoch_after_warmup_and_advice_names_the_remedies
     assert is_at_chance(0.11) and is_at_chance(math.nan) and not is_at_chance(0.12)
     assert advice(0.5, fsdp=False) == ("try a warm-up (--warmup_epochs 1 or more), a lower --lr (now 0.5), "
                                       "or a layer-wise optimizer (--optimizer novograd or lamb)")
-    assert "novograd" not in advice(0.5, fsdp=True)
+    assert "novograd" not in advice(0.5, fsdp=True) and "lamb" in advice(0.5, fsdp=True)
 
 
 class Signal(Callback):
@@ -159,3 +159,16 @@ def test_a_signal_after_the_epochs_last_batch_stops_at_the_epoch_end(fashion_roo
         tiny_fit(fashion_root, tmp_path, [Signal(7, 1)], install=lambda t: runtime.install(t, 4), max_epochs=2)
     saved = torch.load(Path(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1
+
+
+def test_accuracy_at_chance_is_not_judged_when_the_epochs_are_cut_short(fashion_root, tmp_path, clean_signals):
+    """lr 1e-9 learns nothing (seed 2: an initial network at 0.05): a full epoch is judged (exit 70), one cut to
+    2 batches (a smoke test) is not."""
+    with runtime.guarded_process():
+        seed_everything(2, verbose=False)
+        with pytest.raises(TrainingDiverged, match="at chance"):
+            tiny_fit(fashion_root, tmp_path / "full", install=runtime.install, lr=1e-9, num_sanity_val_steps=0)
+        seed_everything(2, verbose=False)
+        trainer = tiny_fit(fashion_root, tmp_path / "smoke", install=runtime.install, lr=1e-9, num_sanity_val_steps=0,
+                           limit_train_batches=2)
+    assert trainer.global_step == 2 and trainer.callback_metrics["val/acc"] <= 0.11

@@ -94,9 +94,7 @@ BAD_VALUES = [
     (["--lr"], "--lr needs a value"),
     (["--epochs", "2", "--trainer.max_epochs", "3"], "conflicting values"),
     (["--no_such_flag", "1"], "unrecognized arguments"),
-    (["--strategy", "fsdp", "--optimizer", "lamb"], "--optimizer lamb computes per-layer norms"),
-    (["--strategy", "fsdp", "--accelerator", "cpu", "--optimizer", "lars"], "use --strategy ddp with lars"),
-    (["--strategy", "fsdp_cpu", "--optimizer", "novograd"], "fsdp gives each rank only a slice of a layer"),
+    (["--strategy", "fsdp", "--optimizer", "novograd"], "--optimizer novograd keeps a plain tensor beside fsdp's"),
     # Accepted by Lightning or jsonargparse, refused by train.py (cli/checks.py, the classifier).
     (["--devices", "-1", "--accelerator", "cpu"], "trainer.devices (--devices) is -1 (every GPU), but the accelerator is cpu"),
     (["--devices", "0,1", "--accelerator", "cpu"], "is '0,1', a list of GPU indices, but the accelerator is cpu"),

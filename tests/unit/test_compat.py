@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCE = [p for folder in ("cli", "runtime", "callbacks", "datamodules", "lightning_modules", "strategies")
           for p in (REPO / folder).rglob("*.py")] + [REPO / "train.py"]
 # Hooks of Lightning's strategy classes that strategies/ overrides, and may call on super().
-OVERRIDDEN_HOOKS = {"_setup_model", "_configure_launcher"}
+OVERRIDDEN_HOOKS = {"_configure_launcher"}
 
 
 def test_every_private_attribute_relied_on_is_still_there():
