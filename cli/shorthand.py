@@ -22,6 +22,7 @@ SHORTHAND_TABLE = {
     "--warmup_epochs": ("--model.warmup_epochs", "1"),
     "--optimizer": ("--model.optimizer", "sgd"),
     "--network": ("--model.network", "cnn"),
+    "--virtual_devices": ("--model.virtual_devices", "8"),
     "--seed": ("--seed_everything", "42"),
     "--deterministic": ("--trainer.deterministic", "true"),
     "--target_accuracy": ("--stop_at_target.target_accuracy", "0.85"),

@@ -160,10 +160,14 @@ class FashionMNISTDataModule(LightningDataModule):
         """Images in the training split after ``setup("fit")`` (what the sampler shards): the batch plan's input."""
         return len(self.train_set)
 
+    def _plan(self):
+        """The model's batch plan (lightning_modules/batch_plan.py); None for a model without one."""
+        return getattr(self.trainer.lightning_module, "batch_plan", None) if self.trainer is not None else None
+
     def _process_batch(self, per_device: int) -> int:
-        """Images per loader batch in this process, from the model's batch plan (``dp`` drives several GPUs from one
-        process); a model without a plan gets ``per_device``."""
-        plan = getattr(self.trainer.lightning_module, "batch_plan", None) if self.trainer is not None else None
+        """Images per loader batch in this process for ``per_device`` images per device (``dp`` drives several GPUs
+        from one process); a model without a plan gets ``per_device``."""
+        plan = self._plan()
         if plan is not None and plan.batch_size_per_device != self.batch_size:
             raise MisconfigurationException(
                 f"data.batch_size ({self.batch_size}) and model.batch_size ({plan.batch_size_per_device}) differ: the "
@@ -174,15 +178,13 @@ class FashionMNISTDataModule(LightningDataModule):
         """Disjoint shards of one DistributedSampler order for every world size (also 1), reshuffled each epoch: step i of
         N ranks at batch B trains on the images of step i of one process at N×B. The loader's position is checkpointed."""
         world_size, rank = self._world()
-        sampler = ResumableDistributedSampler(
-            self.train_set,
-            num_replicas=world_size,
-            rank=rank,
-            shuffle=True,
-            seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-        )
-        loader = self._loader(self.train_set, self._process_batch(self.batch_size), shuffle=False, sampler=sampler,
-                              loader_class=ResumableLoader)
+        plan = self._plan()
+        virtual = plan.virtual_devices if plan is not None else 1
+        sampler = ResumableDistributedSampler(self.train_set, num_replicas=world_size * virtual, rank=rank * virtual,
+                                              shuffle=True, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
+                                              virtual=virtual, batch=self.batch_size)
+        loader = self._loader(self.train_set, self._process_batch(self.batch_size) * virtual, shuffle=False,
+                              sampler=sampler, loader_class=ResumableLoader)
         if self._resume_position is not None:
             loader.load_state_dict(self._resume_position)
             self._resume_position = None

@@ -20,12 +20,29 @@ class ResumableDistributedSampler(DistributedSampler):
 
     ``resume_at(epoch, skip)``: the next iteration, if it is of ``epoch``, leaves out the first ``skip``
     indices; any iteration clears the request. ``started``: (epoch, indices left out) of the latest iteration.
+    ``virtual`` > 1: this process stands for that many consecutive ranks (``num_replicas`` counts them all, ``rank``
+    is the first): each step's indices are their batches of ``batch`` in rank order, as their own samplers give them.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, virtual: int = 1, batch: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._resume: Optional[Tuple[int, int]] = None
         self.started: Tuple[int, int] = (self.epoch, 0)
+        self.virtual, self.batch = virtual, batch
+
+    def __len__(self) -> int:
+        return self.num_samples * self.virtual
+
+    def _ordered(self) -> Iterator[int]:
+        if self.virtual == 1:
+            return super().__iter__()
+        first, shards = self.rank, []
+        for rank in range(first, first + self.virtual):
+            self.rank = rank
+            shards.append(list(super().__iter__()))  # DistributedSampler's order and padding for that rank
+        self.rank = first
+        return (i for start in range(0, self.num_samples, self.batch) for shard in shards
+                for i in shard[start:start + self.batch])
 
     def resume_at(self, epoch: int, skip: int) -> None:
         self._resume = (epoch, skip)
@@ -36,7 +53,7 @@ class ResumableDistributedSampler(DistributedSampler):
         resume, self._resume = self._resume, None
         skip = resume[1] if resume is not None and resume[0] == self.epoch else 0
         self.started = (self.epoch, skip)
-        return itertools.islice(super().__iter__(), skip, None)
+        return itertools.islice(self._ordered(), skip, None)
 
 
 class _Counting(Iterator):

@@ -27,6 +27,7 @@ class BatchPlan:
     batch_size_per_device: int
     devices_per_process: int  # devices one process drives: the GPUs of dp, else 1
     devices: int  # per node
+    virtual_devices: int  # devices one process stands for (--virtual_devices: ghost batch-norm of their shards)
     num_nodes: int
     world_size: int  # processes
     accumulate_grad_batches: int
@@ -42,12 +43,13 @@ class BatchPlan:
     @property
     def batch_size_per_process(self) -> int:
         """Images per training-loader batch in one process (dp splits it over its GPUs)."""
-        return self.batch_size_per_device * self.devices_per_process
+        return self.batch_size_per_device * self.devices_per_process * self.virtual_devices
 
     @property
     def effective_batch_size(self) -> int:
         """Images in one optimizer step, summed over every device and accumulation step."""
-        return self.batch_size_per_device * self.devices * self.num_nodes * self.accumulate_grad_batches
+        return (self.batch_size_per_device * self.devices * self.virtual_devices * self.num_nodes
+                * self.accumulate_grad_batches)
 
     def loader_batch(self, per_device: int) -> int:
         """A loader's batch for ``per_device`` images per device (evaluation has its own batch size)."""
@@ -61,15 +63,15 @@ class BatchPlan:
     def build(cls, *, batch_size_per_device: int, devices: int, num_nodes: int, world_size: int, accumulate: int,
               devices_per_process: int, base_lr: float, base_batch_size: Optional[int], lr_scaling: str,
               warmup_epochs: float, train_images: Optional[int], limit_train_batches=None,
-              max_epochs: Optional[int] = None, max_steps: int = -1) -> "BatchPlan":
+              max_epochs: Optional[int] = None, max_steps: int = -1, virtual_devices: int = 1) -> "BatchPlan":
         """``train_images`` None: not fitting (no steps). Steps follow Lightning's ``estimated_stepping_batches``:
         ceil(batches / accumulate) per epoch, times max_epochs, capped by max_steps."""
         base_batch = base_batch_size or batch_size_per_device
-        effective = batch_size_per_device * devices * num_nodes * accumulate
+        effective = batch_size_per_device * devices * virtual_devices * num_nodes * accumulate
         steps_per_epoch = total = 0
         if train_images is not None:
-            batches = batches_per_epoch(train_images, world_size, batch_size_per_device * devices_per_process,
-                                        limit_train_batches)
+            batches = batches_per_epoch(train_images, world_size * virtual_devices,  # a virtual device's shard
+                                        batch_size_per_device * devices_per_process, limit_train_batches)
             steps_per_epoch = math.ceil(batches / accumulate)
             if max_epochs == -1:  # no epoch limit: max_steps, or no end (0)
                 total = max(max_steps, 0)
@@ -78,7 +80,8 @@ class BatchPlan:
                 total = min(total, max_steps) if max_steps != -1 else total
         # Plain numbers (jsonargparse's PositiveInt would reach hparams.yaml as a Python object).
         return cls(batch_size_per_device=int(batch_size_per_device), devices_per_process=int(devices_per_process),
-                   devices=int(devices), num_nodes=int(num_nodes), world_size=int(world_size),
+                   devices=int(devices), virtual_devices=int(virtual_devices), num_nodes=int(num_nodes),
+                   world_size=int(world_size),
                    accumulate_grad_batches=int(accumulate), base_batch_size=int(base_batch), base_lr=float(base_lr),
                    lr_scaling=str(lr_scaling), scaled_lr=float(scale_lr(base_lr, base_batch, effective, lr_scaling)),
                    warmup_epochs=float(warmup_epochs), steps_per_epoch=int(steps_per_epoch), total_steps=int(total),
@@ -92,7 +95,8 @@ def format_plan(plan: BatchPlan, accelerator: str, strategy: str, backend: str, 
         "Run configuration",
         f"  world size      : {p.world_size} ({p.devices} device(s) x {p.num_nodes} node(s), {accelerator}, "
         f"strategy {strategy}, backend {backend})",
-        f"  batch           : {p.batch_size_per_device} per device x {p.devices} x {p.num_nodes} x accumulate "
+        f"  batch           : {p.batch_size_per_device} per device x {p.devices} x "
+        f"{f'{p.virtual_devices} virtual x ' if p.virtual_devices > 1 else ''}{p.num_nodes} x accumulate "
         f"{p.accumulate_grad_batches} = effective {p.effective_batch_size}",
         f"  learning rate   : base {p.base_lr:g} at batch {p.base_batch_size} -> {p.scaled_lr:g} ({p.lr_scaling} scaling)",
         f"  warm-up         : {p.warmup_steps} optimizer steps ({p.steps_per_epoch} per epoch), then {schedule}",

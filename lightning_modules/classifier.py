@@ -53,6 +53,9 @@ class FashionMNISTClassifier(LightningModule):
         ghost_batch_size: Ghost batch-norm: every batch-norm of the network normalises virtual sub-batches of
             this many samples (of the per-device batch) in training; ``None``: plain batch-norm. Running
             statistics, evaluation and checkpoint keys are unchanged (lightning_modules/ghost_batch_norm.py).
+        virtual_devices: One process stands for this many devices at the per-device batch (docs/large_batch.md):
+            it trains on their shards at once (batch N×B, in rank order), every batch-norm normalises each shard
+            on its own, and the LR rule counts them. 1: off.
         grad_noise_eta: Gradient noise (Neelakantan et al.): after backward, N(0, eta / (1 + t)^gamma) is added
             to every gradient, t = optimizer step (0-based). 0: off.
         grad_noise_gamma: Decay exponent of the gradient-noise variance.
@@ -83,6 +86,7 @@ class FashionMNISTClassifier(LightningModule):
         weight_decay: NonNegativeFloat = 5e-4,
         label_smoothing: NonNegativeFloat = 0.0,
         ghost_batch_size: Optional[PositiveInt] = None,
+        virtual_devices: PositiveInt = 1,
         grad_noise_eta: NonNegativeFloat = 0.0,
         grad_noise_gamma: NonNegativeFloat = 0.55,
         warmup_start_lr: Optional[PositiveFloat] = None,
@@ -106,8 +110,11 @@ class FashionMNISTClassifier(LightningModule):
         self.save_hyperparameters(ignore=["batch_size"])  # the data's setting, logged with the batch plan
         self.batch_size = batch_size
         self.net = build_network(network, NUM_CLASSES)
-        if ghost_batch_size is not None:
-            use_ghost_batch_norm(self.net, ghost_batch_size)
+        if ghost_batch_size is not None and virtual_devices > 1:
+            raise MisconfigurationException("model.ghost_batch_size and model.virtual_devices both split batch-norm's "
+                                            "batches; give one of them")
+        if ghost_batch_size is not None or virtual_devices > 1:
+            use_ghost_batch_norm(self.net, ghost_batch_size, virtual_devices if virtual_devices > 1 else None)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
@@ -194,7 +201,8 @@ class FashionMNISTClassifier(LightningModule):
             devices_per_process=getattr(trainer.strategy, "devices_per_process", 1), base_lr=hp.base_lr,
             base_batch_size=hp.base_batch_size, lr_scaling=hp.lr_scaling, warmup_epochs=hp.warmup_epochs,
             train_images=getattr(datamodule, "train_images", None) if stage == "fit" else None,
-            limit_train_batches=trainer.limit_train_batches, max_epochs=trainer.max_epochs, max_steps=trainer.max_steps)
+            limit_train_batches=trainer.limit_train_batches, max_epochs=trainer.max_epochs, max_steps=trainer.max_steps,
+            virtual_devices=hp.virtual_devices)
 
     def configure_optimizers(self):
         hp, plan = self.hparams, self.batch_plan

@@ -16,13 +16,16 @@ class _GhostBatchNorm:
     """Mixed into ``nn.BatchNorm1d/2d/3d``: the ghost-batch forward in training mode."""
 
     ghost_batch_size: Optional[int]
+    ghost_batches: Optional[int] = None  # instead of a size: this many equal parts (virtual devices' shards)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (torch's name)
         self._check_input_dim(input)
-        g = self.ghost_batch_size
-        if not self.training or g is None or input.shape[0] <= g:
+        g, parts = self.ghost_batch_size, self.ghost_batches
+        if parts is None and g is not None and input.shape[0] > g:
+            parts = input.shape[0] // g
+        if not self.training or parts is None or parts <= 1:
             return super().forward(input)  # eval, off, or one ghost batch: plain batch-norm
-        chunks = torch.tensor_split(input, input.shape[0] // g)
+        chunks = torch.tensor_split(input, parts)
         out = torch.cat(
             [F.batch_norm(c, None, None, self.weight, self.bias, training=True, eps=self.eps) for c in chunks]
         )
@@ -75,20 +78,22 @@ class GhostBatchNorm3d(_GhostBatchNorm, nn.BatchNorm3d):
 _GHOST = {nn.BatchNorm1d: GhostBatchNorm1d, nn.BatchNorm2d: GhostBatchNorm2d, nn.BatchNorm3d: GhostBatchNorm3d}
 
 
-def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: int) -> nn.Module:
+def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: Optional[int] = None,
+                         ghost_batches: Optional[int] = None) -> nn.Module:
     """Replace every ``nn.BatchNorm1d/2d/3d`` inside ``module`` by its ghost version, in place; returns ``module``.
 
     Weights, running statistics, momentum, eps and training mode are kept. A network
     without batch-norm (``mlp``) is returned unchanged.
     """
-    if ghost_batch_size < 1:
-        raise ValueError(f"ghost_batch_size must be >= 1, got {ghost_batch_size}")
+    given = [value for value in (ghost_batch_size, ghost_batches) if value is not None]
+    if len(given) != 1 or given[0] < 1:
+        raise ValueError(f"give one of ghost_batch_size and ghost_batches, >= 1: {ghost_batch_size}, {ghost_batches}")
     for name, child in module.named_children():
         ghost_class = _GHOST.get(type(child))
         if ghost_class is None:
             if isinstance(child, nn.modules.batchnorm._BatchNorm) and not isinstance(child, _GhostBatchNorm):
                 raise TypeError(f"{type(child).__name__} at {name!r} has no ghost version")
-            use_ghost_batch_norm(child, ghost_batch_size)
+            use_ghost_batch_norm(child, ghost_batch_size, ghost_batches)
             continue
         like = next((t for t in (*child.parameters(), *child.buffers()) if t.is_floating_point()), None)
         ghost = ghost_class(
@@ -100,6 +105,7 @@ def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: int) -> nn.Module:
             track_running_stats=child.track_running_stats,
             **({"device": like.device, "dtype": like.dtype} if like is not None else {}),
         )
+        ghost.ghost_batches = ghost_batches
         ghost.load_state_dict(child.state_dict())
         ghost.train(child.training)
         setattr(module, name, ghost)

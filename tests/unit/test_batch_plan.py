@@ -64,3 +64,11 @@ def test_step_counts_equal_lightnings_estimate(fashion_root, workdir, trainer_ar
     total, estimated, per_epoch, batches = compare.seen
     accumulate = trainer_args.get("accumulate_grad_batches", 1)
     assert total == estimated and per_epoch == -(-batches // accumulate), compare.seen
+
+
+def test_virtual_devices_count_in_the_batch_and_the_lr_rule_but_not_in_the_world():
+    p = plan(virtual_devices=8, lr_scaling="linear")
+    assert (p.world_size, p.batch_size_per_process, p.effective_batch_size) == (1, 1024, 1024)
+    assert p.scaled_lr == pytest.approx(0.4) and p.steps_per_epoch == batches_per_epoch(60000, 8, 128) == 59
+    assert "128 per device x 1 x 8 virtual x 1 x accumulate 1 = effective 1024" in format_plan(p, "cpu", "auto",
+                                                                                               "none", "sgd", "constant")

@@ -160,3 +160,11 @@ def test_log_folder_that_is_a_file_exits_73_before_anything_runs(capsys, workdir
     assert (workdir / "runs").read_text() == "not a folder"
 
 
+
+
+def test_a_mistake_lightning_finds_inside_fit_is_one_line_and_exit_2(capsys, workdir, fashion_root):
+    """0.01 of the 1-batch validation loader rounds to zero batches: Lightning raises inside fit."""
+    code = train.main(["--data_dir", str(fashion_root), "--network", "mlp", "--trainer.limit_val_batches", "0.01"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert code == 2 and len(errors) == 1 and "limit_val_batches" in errors[0] and "Traceback" not in err, err

@@ -83,3 +83,17 @@ def test_the_model_option_and_weight_decay_groups():
     plain.load_state_dict(model.state_dict(), strict=True)
     with pytest.raises(ValueError, match="ghost_batch_size"):
         use_ghost_batch_norm(build_network("cnn"), 0)
+
+
+def test_ghost_batches_cut_the_batch_into_that_many_equal_shards_whatever_its_size():
+    """Virtual devices' batch-norm: N shards of b images each, also for the epoch's last, smaller batch."""
+    torch.manual_seed(0)
+    plain, ghost = nn.BatchNorm2d(3), GhostBatchNorm2d(3)
+    ghost.ghost_batches = 3
+    for b in (4, 1):
+        x = torch.randn(3 * b, 3, 5, 5)
+        expected = torch.cat([plain(shard) for shard in x.split(b)]) if b > 1 else None
+        out = ghost(x)
+        if expected is not None:
+            torch.testing.assert_close(out, expected)
+        assert out.shape == x.shape

@@ -187,3 +187,17 @@ def test_last_continues_the_checkpoints_tensorboard_run_from_its_step(tmp_path):
     other = TensorBoardLogger(save_dir=tmp_path / "elsewhere", name="fm")
     assert continue_run([other], checkpoint) is None and tensorboard_purge_step(other) == 0
     assert other.version == 0 and resumed.log_dir != other.log_dir
+
+
+@pytest.mark.parametrize("world, rank", [(1, 0), (2, 1)])
+def test_a_process_with_virtual_devices_takes_its_ranks_batches_in_rank_order(world, rank):
+    """3 virtual devices at batch 4: each step is rank 0's batch, then rank 1's, then rank 2's, as their own
+    samplers (DistributedSampler's order and padding) give them, also resumed part-way."""
+    data, n = list(range(50)), 3
+    virtual = ResumableDistributedSampler(data, num_replicas=world * n, rank=rank * n, seed=7, virtual=n, batch=4)
+    shards = [list(ResumableDistributedSampler(data, num_replicas=world * n, rank=rank * n + v, seed=7))
+              for v in range(n)]
+    expected = [i for start in range(0, len(shards[0]), 4) for shard in shards for i in shard[start:start + 4]]
+    assert list(virtual) == expected and len(virtual) == len(expected) == n * len(shards[0])
+    virtual.resume_at(0, 12)
+    assert list(virtual) == expected[12:]
