@@ -1,5 +1,5 @@
-"""``--strategy fsdp`` (FSDP2) on CPU processes over gloo: really sharded, the same training as ddp (also with the
-layer-wise LAMB and LARS, whose norms DTensor computes over whole layers), portable checkpoints."""
+"""``--strategy fsdp`` (FSDP2) on CPU processes over gloo: really sharded, the same training as ddp, portable
+checkpoints (the layer-wise optimizers: tests/test_fsdp_optimizers.py)."""
 
 import pytest
 import torch
@@ -56,18 +56,6 @@ def test_a_checkpoint_saved_under_fsdp_loads_in_a_single_process(fsdp, fashion_r
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test/acc" in result.stdout
-
-
-@pytest.mark.parametrize("optimizer, lr", [("lamb", "0.01"), ("lars", "0.05")])
-def test_layerwise_optimizers_train_under_fsdp_as_under_ddp(strategy_runs, optimizer, lr):
-    """Each rank holds half of every layer, yet the trust ratios use whole-layer norms (DTensor reduces them): the
-    weights after 8 steps equal ddp's up to float rounding. With 32 held-out images the test after fit also
-    reloads the best checkpoint into the sharded model."""
-    flags = ("--devices", "2", "--batch_size", "16", "--optimizer", optimizer, "--lr", lr, "--data.val_size", "32")
-    sharded = strategy_runs.get("--strategy", "fsdp", *flags, "--test_after_fit", "true")
-    replicated = strategy_runs.get("--strategy", "ddp", *flags)
-    assert sharded.distance(replicated) < 1e-5 and sharded.moved() > 1e-3
-    assert "Restoring states from the checkpoint path" in sharded.output and "test/acc" in sharded.output
 
 
 def test_the_default_cnn_with_its_nhwc_weights_trains_under_fsdp(tmp_path, fashion_root):
