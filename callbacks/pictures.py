@@ -4,6 +4,7 @@ fit, or ``train.py test``), never per step."""
 
 from typing import List, Optional
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torchmetrics.classification import MulticlassConfusionMatrix
@@ -37,9 +38,10 @@ class TestPictures(Callback):
         images, targets = batch
         predicted = outputs["preds"]
         self._matrix.update(predicted, targets)
-        if trainer.is_global_zero and len(self._wrong) < self.misclassified:  # a test-time read, once per batch
-            wrong = (predicted != targets).nonzero().flatten()[: self.misclassified - len(self._wrong)].tolist()
-            self._wrong += [(images[i, 0].float().cpu(), int(targets[i]), int(predicted[i])) for i in wrong]
+        if trainer.is_global_zero and len(self._wrong) < self.misclassified:  # test-time reads, until there are enough
+            wrong = (predicted != targets).nonzero().flatten()[: self.misclassified - len(self._wrong)]
+            labels = torch.stack([targets[wrong], predicted[wrong]], dim=1).tolist()
+            self._wrong += [(image, true, guess) for image, (true, guess) in zip(images[wrong, 0].float().cpu(), labels)]
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         matrix = self._matrix.compute()  # synced over ranks by torchmetrics: every rank takes part

@@ -52,15 +52,17 @@ def stratified_holdout(labels: torch.Tensor, size: int, seed: int = 0) -> Tuple[
     if not 0 <= size < len(labels):
         raise ConfigError(f"data.val_size is {size}: hold out from 0 to {len(labels) - 1} of the {len(labels)} "
                           f"training images")
+    if size == 0:
+        return torch.arange(len(labels)), torch.zeros(0, dtype=torch.long)
     classes, counts = torch.unique(labels, return_counts=True)
     quotas = counts * size / len(labels)
     taken = quotas.floor().long()
     remainder_order = torch.argsort(quotas - taken, descending=True, stable=True)
     taken[remainder_order[: size - int(taken.sum())]] += 1
     generator = torch.Generator().manual_seed(seed)
-    held = [torch.nonzero(labels == c).flatten()[torch.randperm(int(n), generator=generator)][:int(k)]
-            for c, n, k in zip(classes, counts, taken)]
-    held_out = torch.cat(held).sort().values if held else torch.zeros(0, dtype=torch.long)
+    held = [torch.nonzero(labels == c).flatten()[torch.randperm(n, generator=generator)][:k]
+            for c, n, k in zip(classes, counts.tolist(), taken.tolist())]
+    held_out = torch.cat(held).sort().values
     keep = torch.ones(len(labels), dtype=torch.bool)
     keep[held_out] = False
     return torch.nonzero(keep).flatten(), held_out
