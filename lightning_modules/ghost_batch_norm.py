@@ -25,31 +25,41 @@ class _GhostBatchNorm:
             parts = input.shape[0] // g
         if not self.training or parts is None or parts <= 1:
             return super().forward(input)  # eval, off, or one ghost batch: plain batch-norm
+        if input.shape[0] % parts == 0:
+            return self._equal_shards(input, parts)
         chunks = torch.tensor_split(input, parts)
         out = torch.cat(
             [F.batch_norm(c, None, None, self.weight, self.bias, training=True, eps=self.eps) for c in chunks]
         )
         if self.track_running_stats:
-            self._update_running_stats(chunks)
+            dims = [0] + list(range(2, input.dim()))  # every dimension but the channels
+            with torch.no_grad():
+                stats = [torch.var_mean(c.float(), dim=dims, correction=1) for c in chunks]
+            sizes = [len(c) / len(input) for c in chunks]  # host numbers: no copy to the device
+            self._track(sum(w * m for w, (_, m) in zip(sizes, stats)), sum(w * v for w, (v, _) in zip(sizes, stats)))
         return out
 
+    def _equal_shards(self, input: torch.Tensor, parts: int) -> torch.Tensor:
+        """Batch-norm of each of ``parts`` equal shards at once: a few kernels however many shards (a loop over 64
+        virtual devices' shards ran the cnn 7x slower)."""
+        shards = input.reshape(parts, input.shape[0] // parts, *input.shape[1:])
+        dims = [1] + list(range(3, shards.dim()))  # each shard's samples and positions, per channel
+        var, mean = torch.var_mean(shards.float(), dim=dims, correction=0, keepdim=True)
+        out = (shards - mean) * torch.rsqrt(var + self.eps)
+        if self.affine:
+            shape = [1, 1, -1] + [1] * (shards.dim() - 3)
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        if self.track_running_stats:
+            n = shards[0].numel() // shards.shape[2]  # values per channel in one shard
+            with torch.no_grad():
+                self._track(mean.mean(0).flatten(), (var * n / max(n - 1, 1)).mean(0).flatten())
+        return out.reshape(input.shape).to(input.dtype)
+
     @torch.no_grad()
-    def _update_running_stats(self, chunks) -> None:
-        dims = [0] + list(range(2, chunks[0].dim()))  # every dimension but the channels
-        sizes, means, variances = [], [], []
-        for c in chunks:
-            var, mean = torch.var_mean(c.float(), dim=dims, correction=1)
-            sizes.append(c.numel() // c.shape[1])
-            means.append(mean)
-            variances.append(var)
-        weights = torch.tensor(sizes, dtype=torch.float32, device=means[0].device)[:, None] / sum(sizes)
-        mean = (weights * torch.stack(means)).sum(0)
-        var = (weights * torch.stack(variances)).sum(0)
+    def _track(self, mean: torch.Tensor, var: torch.Tensor) -> None:
+        """Running statistics: one update per forward, from the shards' mean statistics (unbiased variances)."""
         self.num_batches_tracked.add_(1)
-        if self.momentum is None:  # cumulative moving average, as nn.BatchNorm
-            factor = 1.0 / float(self.num_batches_tracked)
-        else:
-            factor = self.momentum
+        factor = (1.0 / self.num_batches_tracked.float()) if self.momentum is None else self.momentum
         self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
         self.running_var.lerp_(var.to(self.running_var.dtype), factor)
 

@@ -23,6 +23,6 @@ def test_two_virtual_devices_reach_the_weights_of_two_ddp_ranks(strategy_runs):
     a, b, c = (parameters_only(run.weights) for run in (virtual, ranks, one_batch))
     gap = max((a[k] - b[k]).abs().max().item() for k in a)
     plain_gap = max((c[k] - b[k]).abs().max().item() for k in c)
-    assert gap < 1e-6 < 1e-3 < plain_gap, (gap, plain_gap)  # measured 8.9e-8 against 0.021 for plain batch-norm
+    assert gap < 1e-6 < 1e-3 < plain_gap, (gap, plain_gap)  # measured 1.2e-7 against 0.021 for plain batch-norm
     assert "16 per device x 1 x 2 virtual x 1 x accumulate 1 = effective 32" in virtual.output
     assert virtual.shards[0]["losses"] == pytest.approx(ranks.shards[0]["losses"], abs=1e-5)
