@@ -40,20 +40,22 @@ class _GhostBatchNorm:
         return out
 
     def _equal_shards(self, input: torch.Tensor, parts: int) -> torch.Tensor:
-        """Batch-norm of each of ``parts`` equal shards at once: a few kernels however many shards (a loop over 64
-        virtual devices' shards ran the cnn 7x slower)."""
-        shards = input.reshape(parts, input.shape[0] // parts, *input.shape[1:])
-        dims = [1] + list(range(3, shards.dim()))  # each shard's samples and positions, per channel
-        var, mean = torch.var_mean(shards.float(), dim=dims, correction=0, keepdim=True)
-        out = (shards - mean) * torch.rsqrt(var + self.eps)
-        if self.affine:
-            shape = [1, 1, -1] + [1] * (shards.dim() - 3)
-            out = out * self.weight.view(shape) + self.bias.view(shape)
+        """Batch-norm of each of ``parts`` equal shards in one call, the shards' channels side by side as channels of
+        their own: torch's batch-norm kernel, as each rank runs it, in one pass however many shards (a loop over 64
+        virtual devices' shards ran fast_cnn 2x slower)."""
+        n, rest = input.shape[0] // parts, input.shape[1:]
+        channels_last = input.dim() == 4 and input.is_contiguous(memory_format=torch.channels_last)
+        side_by_side = input.reshape(parts, n, *rest).transpose(0, 1).reshape(n, parts * rest[0], *rest[1:])
+        weight = self.weight.repeat(parts) if self.affine else None
+        bias = self.bias.repeat(parts) if self.affine else None
+        out = F.batch_norm(side_by_side, None, None, weight, bias, training=True, eps=self.eps)
+        out = out.reshape(n, parts, *rest).transpose(0, 1).reshape(input.shape)
         if self.track_running_stats:
-            n = shards[0].numel() // shards.shape[2]  # values per channel in one shard
+            dims = [0] + list(range(2, side_by_side.dim()))
             with torch.no_grad():
-                self._track(mean.mean(0).flatten(), (var * n / max(n - 1, 1)).mean(0).flatten())
-        return out.reshape(input.shape).to(input.dtype)
+                var, mean = torch.var_mean(side_by_side.float(), dim=dims, correction=1)
+                self._track(mean.reshape(parts, -1).mean(0), var.reshape(parts, -1).mean(0))
+        return out.contiguous(memory_format=torch.channels_last) if channels_last else out
 
     @torch.no_grad()
     def _track(self, mean: torch.Tensor, var: torch.Tensor) -> None:

@@ -86,7 +86,7 @@ def seeded_runs(fashion_root, tmp_path_factory):
 # Files whose tests read the same session-wide runs: under pytest-xdist they share a worker, so each run is made once.
 SHARED_RUNS = {
     "tests/test_equivalence.py": "strategy_runs", "tests/test_fsdp.py": "strategy_runs",
-    "tests/test_grad_noise.py": "strategy_runs", "tests/test_virtual_devices.py": "strategy_runs",
+    "tests/test_grad_noise.py": "strategy_runs",
     "tests/test_determinism.py": "seeded_runs", "tests/test_restarts.py": "seeded_runs",
 }
 

@@ -16,13 +16,21 @@ def parameters_only(weights: dict) -> dict:
     return {k: v for k, v in weights.items() if "running" not in k and "num_batches" not in k}
 
 
-def test_two_virtual_devices_reach_the_weights_of_two_ddp_ranks(strategy_runs):
-    virtual = strategy_runs.get("--devices", "1", "--virtual_devices", "2", *FAST_CNN)
-    ranks = strategy_runs.get(*DDP2, *FAST_CNN)
-    one_batch = strategy_runs.get("--devices", "1", "--network", "fast_cnn", "--batch_size", "32", *MOMENTUM)
-    a, b, c = (parameters_only(run.weights) for run in (virtual, ranks, one_batch))
-    gap = max((a[k] - b[k]).abs().max().item() for k in a)
-    plain_gap = max((c[k] - b[k]).abs().max().item() for k in c)
-    assert gap < 1e-6 < 1e-3 < plain_gap, (gap, plain_gap)  # measured 1.2e-7 against 0.021 for plain batch-norm
+def gap(one, other) -> float:
+    a, b = parameters_only(one.weights), parameters_only(other.weights)
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize("layout, bound", [("false", 1e-6), ("true", 1e-3)], ids=["NCHW", "NHWC"])
+def test_two_virtual_devices_reach_the_weights_of_two_ddp_ranks(strategy_runs, layout, bound):
+    """8 steps, SGD momentum 0.9 and weight decay. In NCHW the gap is float rounding (measured 8.9e-8); in NHWC
+    (the default) oneDNN picks its convolution kernels per batch size, and batch 32 rounds otherwise than 16
+    (1.3e-4). Either way far below one process at batch 32 with plain batch-norm (0.021)."""
+    flags = (*FAST_CNN, "--model.channels_last", layout)
+    virtual = strategy_runs.get("--devices", "1", "--virtual_devices", "2", *flags)
+    ranks = strategy_runs.get(*DDP2, *flags)
+    plain = strategy_runs.get("--devices", "1", "--network", "fast_cnn", "--batch_size", "32", *MOMENTUM,
+                              "--model.channels_last", layout)
+    assert gap(virtual, ranks) < bound < 1e-2 < gap(plain, ranks), (gap(virtual, ranks), gap(plain, ranks))
     assert "16 per device x 1 x 2 virtual x 1 x accumulate 1 = effective 32" in virtual.output
     assert virtual.shards[0]["losses"] == pytest.approx(ranks.shards[0]["losses"], abs=1e-5)
