@@ -1,114 +1,177 @@
-"""Experiment 3: what adding devices does to validation accuracy, for each LR scaling rule.
+"""Experiment 3: what 1 to 64 devices do to accuracy at a fixed epoch budget, under each learning-rate rule.
 
-    python -m experiments.devices                         # 1, 2, 4 processes x none, linear, sqrt
-    python -m experiments.devices --processes 1,2 --rules none,linear --epochs 2
+    python -m experiments.devices                                  # the default grid (about 40 min on 2 cores)
+    python -m experiments.devices --devices 1,8,64 --rules none,linear --seeds 42 --epochs 2
 
-The per-device batch is fixed (``--batch_size``, default 64), so N processes train on an
-effective batch of N × 64 and take 1/N of the optimizer steps per epoch. ``--lr`` is the
-learning rate known to work on one process at that batch; each rule scales it to the
-effective batch: none (×1), linear (×N), sqrt (×√N). Everything else is the
-``sgd_momentum`` recipe (SGD, momentum 0.9, no warm-up) with the budget's network, epochs and
-training subset, as in experiments/takeaways.py. Default budget: ``mlp``, 4 epochs of the
-first 20,000 training images, target val acc 0.82.
+Every run is one process standing for N devices at the per-device batch (``--virtual_devices N``: the
+N ranks' batches in rank order, each rank's shard normalised by batch-norm on its own, the LR rule
+counting them; proven equal to N ddp ranks in tests/test_virtual_devices.py), so one machine can stand
+for 64 devices; what it does not emulate is in docs/large_batch.md. N devices at batch B train on
+an effective batch of N×B and take 1/N of the optimizer steps per epoch.
 
-Processes are ddp ranks over gloo on CPU, one ``train.py --strategy ddp --devices N``
-(experiments/runner.py). More processes than cores share the cores: their seconds show
-contention, not scaling.
+Rules (the optimizer and how its learning rate follows the effective batch):
 
-Writes into ``--out_dir``: ``devices.md`` (table), ``devices.csv``, ``devices.png`` (final val
-acc and seconds to target against processes, one line per rule), ``devices_curves.png`` (val
-acc against epoch and seconds for every run) and ``runs/<run>/``.
+* ``none``, ``linear``, ``sqrt``: SGD with momentum 0.9, ``--lr`` known to work on one device,
+  scaled ×1, ×N or ×√N;
+* ``warmup``: linear, reached by a linear warm-up over ``--warmup_epochs`` (Goyal et al. warm up for 5
+  of 90 epochs; here the fraction of the budget that fits);
+* ``lars``: LARS (torch-optimizer), linear scaling of ``--lars_lr``; ``lamb``: LAMB, sqrt scaling of
+  ``--lamb_lr``; ``novograd`` (not in the default grid): NovoGrad, sqrt scaling of ``--novograd_lr``.
+
+Model selection stays honest: validation is on ``--val_size`` training images held out (stratified),
+never on the test split; the table reports the last epoch (and the best one, on those held-out images).
+Writes into ``--out_dir``: ``devices.md`` (table), ``devices_runs.csv`` (every run), ``devices.csv`` (the
+table), ``devices.png`` (final val acc against N, one line per rule; and against optimizer steps).
 """
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, command_line,
-                                data_text, exit_status, figure, fmt, lr_cell, plot_curves, run_all,
-                                report_text, target_fields, to_target_cell, verdicts, write_csv)
+                                exit_status, figure, fmt, markdown_table, run_all, verdicts, write_csv)
 
-RULES = ("none", "linear", "sqrt")
-COLUMNS = ["processes", "rule", "effective batch", "LR (base → scaled)", "final val acc", "best val acc",
-           "epoch / s to target", "images/sec", "verdict"]
-
-
-def grid(processes: Sequence[int], rules: Sequence[str], batch_size: int, lr: float) -> List[RunSpec]:
-    return [RunSpec(f"p{n}_{rule}", "sgd_momentum", n,
-                    ["--batch_size", str(batch_size), "--lr", f"{lr:g}", "--lr_scaling", rule])
-            for n in processes for rule in rules]
+RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")
+DEFAULT_RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb")
+COLUMNS = ["devices", "rule", "effective batch", "lr", "optimizer steps", "final val acc", "best val acc",
+           "diverged", "verdict"]
 
 
-def table_rows(results: Sequence[RunResult], budget: Budget, margin: float) -> List[List[str]]:
+def rule_flags(rule: str, args) -> List[str]:
+    """train.py flags of one rule."""
+    sgd = ["--optimizer", "sgd", "--lr", f"{args.lr:g}"]
+    return {
+        "none": [*sgd, "--lr_scaling", "none"],
+        "linear": [*sgd, "--lr_scaling", "linear"],
+        "sqrt": [*sgd, "--lr_scaling", "sqrt"],
+        "warmup": [*sgd, "--lr_scaling", "linear", "--warmup_epochs", f"{args.warmup_epochs:g}"],
+        "lars": ["--optimizer", "lars", "--lr", f"{args.lars_lr:g}", "--lr_scaling", "linear"],
+        "lamb": ["--optimizer", "lamb", "--lr", f"{args.lamb_lr:g}", "--lr_scaling", "sqrt"],
+        "novograd": ["--optimizer", "novograd", "--lr", f"{args.novograd_lr:g}", "--lr_scaling", "sqrt"],
+    }[rule]
+
+
+def grid(devices: Sequence[int], rules: Sequence[str], seeds: Sequence[int], args) -> List[RunSpec]:
+    return [RunSpec(f"n{n}_{rule}_s{seed}", devices=1, virtual=n, seed=seed,
+                    flags=["--batch_size", str(args.batch_size), *rule_flags(rule, args)])
+            for n in devices for rule in rules for seed in seeds]
+
+
+def rule_of(result: RunResult) -> str:
+    return result.spec.name.split("_")[1]
+
+
+def spread(values: List[float]) -> str:
+    """Mean and range over seeds, e.g. ``0.842 (0.838–0.846)``; ``n/a`` without a finite value."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return "n/a"
+    return f"{statistics.mean(finite):.3f} ({min(finite):.3f}–{max(finite):.3f})"
+
+
+def cells(results: Sequence[RunResult], margin: float) -> List[Dict]:
+    """One row per (devices, rule), over its seeds."""
+    verdict = dict(zip((r.spec.name for r in results), verdicts(results, margin)))
     rows = []
-    for result, verdict in zip(results, verdicts(results, margin)):
-        s = result.summary
-        rows.append([str(result.spec.devices), s.get("lr_scaling", "n/a"), str(s.get("effective_batch_size", "n/a")),
-                     lr_cell(s).replace(" (" + str(s.get("lr_scaling")) + ")", ""), fmt(result.final_acc),
-                     fmt(result.best_acc), to_target_cell(result, budget.target),
-                     fmt(result.median_images_per_sec, ".0f"), verdict])
+    for n in sorted({r.spec.virtual for r in results}):
+        for rule in [r for r in RULES if any(rule_of(res) == r for res in results)]:
+            mine = [r for r in results if r.spec.virtual == n and rule_of(r) == rule]
+            if not mine:
+                continue
+            s = next((r.summary for r in mine if r.summary), {})
+            seen = [verdict[r.spec.name] for r in mine]
+            rows.append({
+                "devices": n, "rule": rule, "effective_batch": s.get("effective_batch_size"),
+                "lr": s.get("scaled_lr"), "steps": s.get("total_steps"),
+                "final": [r.final_acc for r in mine], "best": [r.best_acc for r in mine],
+                "diverged": sum(v == "diverged" for v in seen), "runs": len(mine),
+                "verdict": max(set(seen), key=seen.count),
+            })
     return rows
 
 
-def plot_summary(results: Sequence[RunResult], budget: Budget, path: Path) -> None:
-    """Final val acc (left) and seconds to target (right) against processes, one line per rule."""
-    fig, (acc_axes, time_axes) = figure()
-    rules = [r for r in RULES if any(res.summary.get("lr_scaling") == r for res in results)]
-    for rule in rules:
-        mine = sorted((r for r in results if r.summary.get("lr_scaling") == rule), key=lambda r: r.spec.devices)
-        xs = [r.spec.devices for r in mine]
-        acc = [r.final_acc if r.final_acc is not None and math.isfinite(r.final_acc) else float("nan") for r in mine]
-        line, = acc_axes.plot(xs, acc, marker="o", label=rule)
-        hits = [r.to_target(budget.target) for r in mine]
-        time_axes.plot(xs, [h["cumulative_s"] if h else float("nan") for h in hits], marker="o",
-                       color=line.get_color(), label=rule)
-    processes = sorted({r.spec.devices for r in results})
-    for axes, ylabel in ((acc_axes, f"final val acc (epoch {budget.epochs})"),
-                         (time_axes, f"training seconds to val acc {budget.target:g}")):
+def plot(rows: Sequence[Dict], path: Path, title: str) -> None:
+    """Final val acc (mean, range over seeds) against devices (left) and against optimizer steps (right)."""
+    fig, (by_devices, by_steps) = figure()
+    for rule in dict.fromkeys(row["rule"] for row in rows):
+        mine = [row for row in rows if row["rule"] == rule]
+        finite = [[v for v in row["final"] if v is not None and math.isfinite(v)] for row in mine]
+        means = [statistics.mean(v) if v else float("nan") for v in finite]
+        low = [m - min(v) if v else 0 for m, v in zip(means, finite)]
+        high = [max(v) - m if v else 0 for m, v in zip(means, finite)]
+        line = by_devices.errorbar([row["devices"] for row in mine], means, yerr=[low, high], marker="o", capsize=3,
+                                   label=rule)
+        by_steps.plot([row["steps"] or float("nan") for row in mine], means, marker="o",
+                      color=line.lines[0].get_color(), label=rule)
+    for axes, xlabel in ((by_devices, "devices (per-device batch fixed)"), (by_steps, "optimizer steps in the budget")):
         axes.set_xscale("log", base=2)
-        axes.set_xticks(processes, [str(p) for p in processes])
-        axes.set_xlabel("processes (ddp ranks, fixed per-device batch)")
-        axes.set_ylabel(ylabel)
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel("final val acc (held-out images)")
         axes.grid(alpha=0.3)
-        axes.legend(title="LR rule", fontsize=8)
-    time_axes.set_title("missing point: target not reached", fontsize=8)
-    fig.suptitle(f"Adding processes at a fixed per-device batch: {budget.network}, {budget.epochs} epochs")
+        axes.legend(title="rule", fontsize=8)
+    fig.suptitle(title)
     fig.savefig(path, dpi=90)
 
 
-def write_outputs(results: Sequence[RunResult], budget: Budget, out_dir: Path, margin: float, command: str,
-                  wall_s: float, batch_size: int, lr: float) -> str:
-    rows = table_rows(results, budget, margin)
-    budget_line = (f"Budget: {data_text(budget)}, {batch_size} images per process, lr {lr:g} known at that batch on "
-                   f"one process, SGD with momentum 0.9, no warm-up; validation on the 10,000 test images after every "
-                   f"epoch; target val acc {budget.target:g}. Total wall time {wall_s / 60:.1f} min.")
-    text = report_text(command, budget_line, COLUMNS, rows, margin)
-    (out_dir / "devices.md").write_text(text)
-    write_csv(out_dir / "devices.csv",
-              ["run", "processes", "lr_scaling", "effective_batch", "base_lr", "scaled_lr", "exit_code",
-               "final_val_acc", "best_val_acc", "epoch_to_target", "seconds_to_target", "images_per_sec", "wall_s",
-               "verdict"],
-              [[r.spec.name, r.spec.devices, *(r.summary.get(k) for k in (
-                  "lr_scaling", "effective_batch_size", "base_lr", "scaled_lr")), r.returncode, r.final_acc,
-                r.best_acc, *target_fields(r, budget.target), r.median_images_per_sec, round(r.wall_s, 1), row[-1]]
-               for r, row in zip(results, rows)])
-    plot_summary(results, budget, out_dir / "devices.png")
-    plot_curves(results, [r.spec.name for r in results], out_dir / "devices_curves.png",
-                f"Every run of experiment 3 ({budget.network}, {batch_size} per process)", budget.target)
+def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: str, wall_s: float) -> str:
+    out = Path(args.out_dir)
+    rows = cells(results, args.margin)
+    table = [[str(r["devices"]), r["rule"], str(r["effective_batch"]), fmt(r["lr"], ".4g"), str(r["steps"]),
+              spread(r["final"]), spread(r["best"]), f"{r['diverged']}/{r['runs']}", r["verdict"]] for r in rows]
+    images = f"the first {budget.train_subset:,}" if budget.train_subset else "all"
+    text = "\n".join([
+        f"Command: `{command}`", "",
+        f"Budget: `{budget.network}`, {args.batch_size} images per device, {budget.epochs} epochs on {images} "
+        f"training images left after holding out {budget.val_size:,} for validation; seeds "
+        f"{', '.join(str(s) for s in args.seeds)}; SGD momentum 0.9 at lr {args.lr:g} on one device "
+        f"(LARS {args.lars_lr:g}, LAMB {args.lamb_lr:g}); warm-up {args.warmup_epochs:g} epoch(s). Accuracy: mean "
+        f"(min–max) over the seeds, on the held-out images, last epoch and best epoch. Total wall time "
+        f"{wall_s / 60:.1f} min.", "",
+        markdown_table(COLUMNS, table), "",
+        f"Verdicts: diverged = exit 70 (non-finite values, or accuracy at chance an epoch after warm-up) or a "
+        f"non-finite val loss; degraded = best val acc more than {args.margin:g} below the best run of the table; "
+        f"converged otherwise (the cell shows the seeds' most common verdict).", ""])
+    (out / "devices.md").write_text(text)
+    write_csv(out / "devices.csv", ["devices", "rule", "effective_batch", "scaled_lr", "optimizer_steps",
+                                    "final_val_acc_mean", "final_val_acc_min", "final_val_acc_max",
+                                    "best_val_acc_mean", "diverged_runs", "runs", "verdict"],
+              [[r["devices"], r["rule"], r["effective_batch"], r["lr"], r["steps"], *_stats(r["final"]),
+                _stats(r["best"])[0], r["diverged"], r["runs"], r["verdict"]] for r in rows])
+    write_csv(out / "devices_runs.csv", ["run", "devices", "rule", "seed", "exit_code", "final_val_acc",
+                                         "best_val_acc", "images_per_sec", "wall_s"],
+              [[r.spec.name, r.spec.virtual, rule_of(r), r.spec.seed, r.returncode, r.final_acc, r.best_acc,
+                r.median_images_per_sec, round(r.wall_s, 1)] for r in results])
+    plot(rows, out / "devices.png", f"Experiment 3: {budget.network}, {args.batch_size} per device, "
+                                    f"{budget.epochs} epochs")
     return text
+
+
+def _stats(values: List[Optional[float]]) -> List[Optional[float]]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return [statistics.mean(finite), min(finite), max(finite)] if finite else [None, None, None]
 
 
 def parse_args(argv: Optional[Sequence[str]] = None):
     parser = argparse.ArgumentParser(prog="python -m experiments.devices", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--processes", default="1,2,4", help="comma-separated ddp world sizes")
-    parser.add_argument("--rules", default=",".join(RULES), help="comma-separated LR scaling rules")
-    parser.add_argument("--batch_size", type=int, default=64, help="per process, the same for every run")
-    parser.add_argument("--lr", type=float, default=0.02, help="known to work on one process at --batch_size")
-    add_budget_arguments(parser, out_dir="runs/devices", epochs=4, train_subset=20000, target=0.82)
+    parser.add_argument("--devices", default="1,2,4,8,16,32,64", help="comma-separated virtual device counts")
+    parser.add_argument("--rules", default=",".join(DEFAULT_RULES), help=f"comma-separated, of {', '.join(RULES)}")
+    parser.add_argument("--seeds", default="42,43,44", help="comma-separated; every cell runs each")
+    parser.add_argument("--batch_size", type=int, default=128, help="per device, the same for every run")
+    parser.add_argument("--lr", type=float, default=0.05, help="SGD's, known to work on one device")
+    parser.add_argument("--lars_lr", type=float, default=0.5, help="LARS's on one device (trust coefficient 0.01)")
+    parser.add_argument("--lamb_lr", type=float, default=0.005, help="LAMB's on one device")
+    parser.add_argument("--novograd_lr", type=float, default=0.01, help="NovoGrad's on one device")
+    parser.add_argument("--warmup_epochs", type=float, default=1.0, help="of the warmup rule")
+    parser.add_argument("--val_size", type=int, default=5000, help="training images held out for validation")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+    add_budget_arguments(parser, out_dir="runs/devices", epochs=3, train_subset=16384, target=0.8)
+    parser.set_defaults(network="fast_cnn")
     args = parser.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",")]
     bad = [r for r in args.rules.split(",") if r not in RULES]
     if bad:
         parser.error(f"--rules: unknown {', '.join(bad)}; choose from {', '.join(RULES)}")
@@ -118,10 +181,9 @@ def parse_args(argv: Optional[Sequence[str]] = None):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     budget = budget_from(args)
-    specs = grid([int(p) for p in args.processes.split(",")], args.rules.split(","), args.batch_size, args.lr)
-    results, wall_s = run_all(specs, budget, Path(args.out_dir), args.max_ranks_per_node)
-    print(write_outputs(results, budget, Path(args.out_dir), args.margin, command_line("experiments.devices", argv),
-                        wall_s, args.batch_size, args.lr))
+    specs = grid([int(n) for n in args.devices.split(",")], args.rules.split(","), args.seeds, args)
+    results, wall_s = run_all(specs, budget, Path(args.out_dir))
+    print(write_outputs(results, budget, args, command_line("experiments.devices", argv), wall_s))
     return exit_status(results)
 
 

@@ -35,6 +35,7 @@ import signal
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -61,6 +62,8 @@ class RunSpec:
     recipe: Optional[str] = None  # e.g. "sgd" -> --config configs/recipes/sgd.yaml
     devices: int = 1  # ranks in all (world size)
     flags: List[str] = field(default_factory=list)  # train.py flags after the recipe (later wins)
+    virtual: int = 1  # devices one process stands for (--virtual_devices): a single process however many
+    seed: Optional[int] = None  # None: the budget's
 
 
 @dataclass
@@ -75,10 +78,12 @@ class Budget:
     timeout_s: float = 900.0  # per run
     threads: int = 1  # OMP_NUM_THREADS of every rank: one process stands for one device (one core)
     seed: int = 42  # --seed of every run (configs/default.yaml's)
+    val_size: int = 0  # training images held out for validation; 0: validation on the test split
+    parallel: int = 1  # runs at once (each of them one process: virtual devices)
 
-    def flags(self) -> List[str]:
-        flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(self.seed),
-                 "--test_after_fit", "false"]
+    def flags(self, seed: Optional[int] = None) -> List[str]:
+        flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(seed or self.seed),
+                 "--test_after_fit", "false", "--data.val_size", str(self.val_size)]
         if self.train_subset:
             flags += ["--data.train_subset", str(self.train_subset)]
         if self.data_dir:
@@ -154,7 +159,9 @@ def commands(spec: RunSpec, budget: Budget, max_ranks_per_node: int) -> List[Lis
     recipe = ["--config", str(RECIPES / f"{spec.recipe}.yaml")] if spec.recipe else []
     k = nodes_for(spec.devices, max_ranks_per_node)
     per_node = spec.devices // k
-    common = [*recipe, "--accelerator", "cpu", *budget.flags(), *spec.flags]
+    common = [*recipe, "--accelerator", "cpu", *budget.flags(spec.seed), *spec.flags]
+    if spec.virtual > 1:
+        return [[str(TRAIN_PY), *common, "--devices", "1", "--virtual_devices", str(spec.virtual)]]
     if k == 1:
         strategy = ["--strategy", "ddp", "--devices", str(per_node)] if per_node > 1 else ["--devices", "1"]
         return [[str(TRAIN_PY), *common, *strategy]]
@@ -294,7 +301,7 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
     parser.add_argument("--out_dir", default=out_dir, help="runs, table and plots go here")
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--train_subset", type=int, default=train_subset, help="first N training images; 0: all 60,000")
-    parser.add_argument("--network", default="mlp", choices=["mlp", "cnn", "wrn", "resnet18"])
+    parser.add_argument("--network", default="mlp", choices=["mlp", "cnn", "fast_cnn", "gpu_cnn", "wrn", "resnet18"])
     parser.add_argument("--target", type=float, default=target, help="val acc for the time-to-target column")
     parser.add_argument("--margin", type=float, default=0.02, help="degraded: best val acc this far below the best run")
     parser.add_argument("--data_dir", default=None, help="default: $FASHION_MNIST_DIR, as train.py")
@@ -309,19 +316,24 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
 def budget_from(args) -> Budget:
     return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
                   data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,
-                  seed=args.seed)
+                  seed=args.seed, val_size=getattr(args, "val_size", 0), parallel=getattr(args, "parallel", 1))
 
 
 def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None):
-    """Each run in turn (never two at once); returns (results, wall seconds)."""
+    """The runs, ``budget.parallel`` at a time (1: in turn), in ``specs``' order; returns (results, wall seconds)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM (a job scheduler, kill) ends like Ctrl-C: run()'s finally then stops the run's processes.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
-    results = []
-    for spec in specs:
-        print(f"[{len(results) + 1}/{len(specs)}] {spec.name}: {spec.devices} process(es)", flush=True)
-        results.append(run(spec, budget, out_dir, max_ranks_per_node))
+
+    def one(numbered):
+        i, spec = numbered
+        what = f"{spec.virtual} virtual devices" if spec.virtual > 1 else f"{spec.devices} process(es)"
+        print(f"[{i + 1}/{len(specs)}] {spec.name}: {what}", flush=True)
+        return run(spec, budget, out_dir, max_ranks_per_node)
+
+    with ThreadPoolExecutor(max_workers=max(1, budget.parallel)) as pool:
+        results = list(pool.map(one, enumerate(specs)))
     return results, time.monotonic() - started
 
 

@@ -31,9 +31,26 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, command_line,
-                                data_text, exit_status, fmt, lr_cell, plot_curves, run_all,
-                                report_text, target_fields, to_target_cell, verdicts, warmup_cell, write_csv)
+from experiments.runner import (
+    Budget,
+    RunResult,
+    RunSpec,
+    add_budget_arguments,
+    budget_from,
+    command_line,
+    data_text,
+    exit_status,
+    fmt,
+    lr_cell,
+    plot_curves,
+    report_text,
+    run_all,
+    target_fields,
+    to_target_cell,
+    verdicts,
+    warmup_cell,
+    write_csv,
+)
 
 COLUMNS = ["config", "devices × batch = effective", "LR (base → scaled, rule)", "warm-up", "optimizer",
            "best val acc", "epoch / s to target", "images/sec", "verdict"]
