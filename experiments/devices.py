@@ -2,6 +2,7 @@
 
     python -m experiments.devices                                  # the default grid (about 40 min on 2 cores)
     python -m experiments.devices --devices 1,8,64 --rules none,linear --seeds 42 --epochs 2
+    python -m experiments.devices --report_only                    # redraw table and plots from runs/devices
 
 Every run is one process standing for N devices at the per-device batch (``--virtual_devices N``: the
 N ranks' batches in rank order, each rank's shard normalised by batch-norm on its own, the LR rule
@@ -19,20 +20,19 @@ Rules (the optimizer and how its learning rate follows the effective batch):
   ``--lamb_lr``; ``novograd`` (not in the default grid): NovoGrad, sqrt scaling of ``--novograd_lr``.
 
 Model selection stays honest: validation is on ``--val_size`` training images held out (stratified),
-never on the test split; the table reports the last epoch (and the best one, on those held-out images).
-Writes into ``--out_dir``: ``devices.md`` (table), ``devices_runs.csv`` (every run), ``devices.csv`` (the
+never on the test split; the table reports the last epoch (and the best one, on those held-out images):
+median and range over the seeds. Writes into ``--out_dir``: ``devices.md`` (table), ``devices_runs.csv`` (every run), ``devices.csv`` (the
 table), ``devices.png`` (final val acc against N, one line per rule; and against optimizer steps).
 """
 
 import argparse
-import math
-import statistics
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, command_line,
-                                exit_status, figure, fmt, markdown_table, run_all, verdicts, write_csv)
+from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, by_row,
+                                command_line, exit_status, figure, fmt, load, markdown_table, run_all, seed_stats,
+                                spread, time_text, verdict_cell, write_csv)
 
 RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")
 DEFAULT_RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb")
@@ -55,56 +55,37 @@ def rule_flags(rule: str, args) -> List[str]:
 
 
 def grid(devices: Sequence[int], rules: Sequence[str], seeds: Sequence[int], args) -> List[RunSpec]:
-    return [RunSpec(f"n{n}_{rule}_s{seed}", devices=1, virtual=n, seed=seed,
+    return [RunSpec(f"n{n}_{rule}_s{seed}", devices=1, virtual=n, seed=seed, cell=rule,
                     flags=["--batch_size", str(args.batch_size), *rule_flags(rule, args)])
             for n in devices for rule in rules for seed in seeds]
 
 
-def rule_of(result: RunResult) -> str:
-    return result.spec.name.split("_")[1]
-
-
-def spread(values: List[float]) -> str:
-    """Mean and range over seeds, e.g. ``0.842 (0.838–0.846)``; ``n/a`` without a finite value."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
-        return "n/a"
-    return f"{statistics.mean(finite):.3f} ({min(finite):.3f}–{max(finite):.3f})"
-
-
 def cells(results: Sequence[RunResult], margin: float) -> List[Dict]:
     """One row per (devices, rule), over its seeds."""
-    verdict = dict(zip((r.spec.name for r in results), verdicts(results, margin)))
     rows = []
-    for n in sorted({r.spec.virtual for r in results}):
-        for rule in [r for r in RULES if any(rule_of(res) == r for res in results)]:
-            mine = [r for r in results if r.spec.virtual == n and rule_of(r) == rule]
-            if not mine:
-                continue
-            s = next((r.summary for r in mine if r.summary), {})
-            seen = [verdict[r.spec.name] for r in mine]
-            rows.append({
-                "devices": n, "rule": rule, "effective_batch": s.get("effective_batch_size"),
-                "lr": s.get("scaled_lr"), "steps": s.get("total_steps"),
-                "final": [r.final_acc for r in mine], "best": [r.best_acc for r in mine],
-                "diverged": sum(v == "diverged" for v in seen), "runs": len(mine),
-                "verdict": max(set(seen), key=seen.count),
-            })
+    for runs, seen in by_row(results, margin):
+        s = next((r.summary for r in runs if r.summary), {})
+        rows.append({
+            "devices": runs[0].spec.virtual, "rule": runs[0].spec.row, "effective_batch": s.get("effective_batch_size"),
+            "lr": s.get("scaled_lr"), "steps": s.get("total_steps"),
+            "final": [r.final_acc for r in runs], "best": [r.best_acc for r in runs],
+            "diverged": seen.count("diverged"), "runs": len(runs), "verdict": verdict_cell(seen),
+        })
     return rows
 
 
 def plot(rows: Sequence[Dict], path: Path, title: str) -> None:
-    """Final val acc (mean, range over seeds) against devices (left) and against optimizer steps (right)."""
+    """Final val acc (median, range over seeds) against devices (left) and against optimizer steps (right)."""
     fig, (by_devices, by_steps) = figure()
     for rule in dict.fromkeys(row["rule"] for row in rows):
         mine = [row for row in rows if row["rule"] == rule]
-        finite = [[v for v in row["final"] if v is not None and math.isfinite(v)] for row in mine]
-        means = [statistics.mean(v) if v else float("nan") for v in finite]
-        low = [m - min(v) if v else 0 for m, v in zip(means, finite)]
-        high = [max(v) - m if v else 0 for m, v in zip(means, finite)]
-        line = by_devices.errorbar([row["devices"] for row in mine], means, yerr=[low, high], marker="o", capsize=3,
-                                   label=rule)
-        by_steps.plot([row["steps"] or float("nan") for row in mine], means, marker="o",
+        stats = [seed_stats(row["final"]) for row in mine]
+        medians = [m if m is not None else float("nan") for m, _, _ in stats]
+        low = [m - lo if m is not None else 0 for m, lo, _ in stats]
+        high = [hi - m if m is not None else 0 for m, _, hi in stats]
+        line = by_devices.errorbar([row["devices"] for row in mine], medians, yerr=[low, high], marker="o",
+                                   capsize=3, label=rule)
+        by_steps.plot([row["steps"] or float("nan") for row in mine], medians, marker="o",
                       color=line.lines[0].get_color(), label=rule)
     for axes, xlabel in ((by_devices, "devices (per-device batch fixed)"), (by_steps, "optimizer steps in the budget")):
         axes.set_xscale("log", base=2)
@@ -116,7 +97,7 @@ def plot(rows: Sequence[Dict], path: Path, title: str) -> None:
     fig.savefig(path, dpi=90)
 
 
-def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: str, wall_s: float) -> str:
+def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: str, wall_s: Optional[float]) -> str:
     out = Path(args.out_dir)
     rows = cells(results, args.margin)
     table = [[str(r["devices"]), r["rule"], str(r["effective_batch"]), fmt(r["lr"], ".4g"), str(r["steps"]),
@@ -127,31 +108,26 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
         f"Budget: `{budget.network}`, {args.batch_size} images per device, {budget.epochs} epochs on {images} "
         f"training images left after holding out {budget.val_size:,} for validation; seeds "
         f"{', '.join(str(s) for s in args.seeds)}; SGD momentum 0.9 at lr {args.lr:g} on one device "
-        f"(LARS {args.lars_lr:g}, LAMB {args.lamb_lr:g}); warm-up {args.warmup_epochs:g} epoch(s). Accuracy: mean "
-        f"(min–max) over the seeds, on the held-out images, last epoch and best epoch. Total wall time "
-        f"{wall_s / 60:.1f} min.", "",
+        f"(LARS {args.lars_lr:g}, LAMB {args.lamb_lr:g}); warm-up {args.warmup_epochs:g} epoch(s). Accuracy: median "
+        f"(min–max) over the seeds, on the held-out images, last epoch and best epoch; n/a: a seed without a finite "
+        f"one. {time_text(results, wall_s, budget.parallel)}", "",
         markdown_table(COLUMNS, table), "",
         f"Verdicts: diverged = exit 70 (non-finite values, or accuracy at chance an epoch after warm-up) or a "
         f"non-finite val loss; degraded = best val acc more than {args.margin:g} below the best run of the table; "
-        f"converged otherwise (the cell shows the seeds' most common verdict).", ""])
+        f"converged otherwise (per seed; a row whose seeds disagree counts them).", ""])
     (out / "devices.md").write_text(text)
     write_csv(out / "devices.csv", ["devices", "rule", "effective_batch", "scaled_lr", "optimizer_steps",
-                                    "final_val_acc_mean", "final_val_acc_min", "final_val_acc_max",
-                                    "best_val_acc_mean", "diverged_runs", "runs", "verdict"],
-              [[r["devices"], r["rule"], r["effective_batch"], r["lr"], r["steps"], *_stats(r["final"]),
-                _stats(r["best"])[0], r["diverged"], r["runs"], r["verdict"]] for r in rows])
+                                    "final_val_acc_median", "final_val_acc_min", "final_val_acc_max",
+                                    "best_val_acc_median", "diverged_runs", "runs", "verdict"],
+              [[r["devices"], r["rule"], r["effective_batch"], r["lr"], r["steps"], *seed_stats(r["final"]),
+                seed_stats(r["best"])[0], r["diverged"], r["runs"], r["verdict"]] for r in rows])
     write_csv(out / "devices_runs.csv", ["run", "devices", "rule", "seed", "exit_code", "final_val_acc",
                                          "best_val_acc", "images_per_sec", "wall_s"],
-              [[r.spec.name, r.spec.virtual, rule_of(r), r.spec.seed, r.returncode, r.final_acc, r.best_acc,
+              [[r.spec.name, r.spec.virtual, r.spec.row, r.spec.seed, r.returncode, r.final_acc, r.best_acc,
                 r.median_images_per_sec, round(r.wall_s, 1)] for r in results])
     plot(rows, out / "devices.png", f"Experiment 3: {budget.network}, {args.batch_size} per device, "
                                     f"{budget.epochs} epochs")
     return text
-
-
-def _stats(values: List[Optional[float]]) -> List[Optional[float]]:
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return [statistics.mean(finite), min(finite), max(finite)] if finite else [None, None, None]
 
 
 def parse_args(argv: Optional[Sequence[str]] = None):
@@ -182,7 +158,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     budget = budget_from(args)
     specs = grid([int(n) for n in args.devices.split(",")], args.rules.split(","), args.seeds, args)
-    results, wall_s = run_all(specs, budget, Path(args.out_dir))
+    if args.report_only:
+        try:
+            results, wall_s = load(specs, Path(args.out_dir)), None
+        except FileNotFoundError as missing:
+            print(f"error: {missing}", file=sys.stderr)
+            return 2
+    else:
+        results, wall_s = run_all(specs, budget, Path(args.out_dir))
     print(write_outputs(results, budget, args, command_line("experiments.devices", argv), wall_s))
     return exit_status(results)
 

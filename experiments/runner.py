@@ -29,6 +29,7 @@ Verdicts (``verdict``), stated so a table can be read without this file:
 """
 
 import csv
+import json
 import math
 import os
 import signal
@@ -38,7 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -52,6 +53,7 @@ TRAIN_PY = REPO / "train.py"
 RECIPES = REPO / "configs" / "recipes"
 DIVERGED_EXIT = int(ExitCode.DIVERGED)
 RUN_FOLDER = Path("runs") / "fashion_mnist" / "version_0"  # every run starts in an empty folder
+RESULT_FILE = "result.json"  # exit code and wall time, written when the run has ended
 
 
 @dataclass
@@ -64,6 +66,11 @@ class RunSpec:
     flags: List[str] = field(default_factory=list)  # train.py flags after the recipe (later wins)
     virtual: int = 1  # devices one process stands for (--virtual_devices): a single process however many
     seed: Optional[int] = None  # None: the budget's
+    cell: Optional[str] = None  # the table row this run is one seed of; None: a row of its own (its name)
+
+    @property
+    def row(self) -> str:
+        return self.cell or self.name
 
 
 @dataclass
@@ -80,6 +87,7 @@ class Budget:
     seed: int = 42  # --seed of every run (configs/default.yaml's)
     val_size: int = 0  # training images held out for validation; 0: validation on the test split
     parallel: int = 1  # runs at once (each of them one process: virtual devices)
+    resume: bool = False  # keep the runs that finished before in out_dir (their result.json), train the others
 
     def flags(self, seed: Optional[int] = None) -> List[str]:
         flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(seed or self.seed),
@@ -209,16 +217,38 @@ def run(spec: RunSpec, budget: Budget, out_dir: Path, max_ranks_per_node: Option
     code = codes[0] if all(c is not None and c >= 0 for c in codes) else -1
     if code == 0 and any(codes):
         code = next(c for c in codes if c)
-    stdout = jobs[0].stdout
-    stderr = "".join(job.stderr for job in jobs)
-    result = RunResult(spec, code, wall, read_rows(folder / RUN_FOLDER / "time_to_accuracy.csv"),
-                       read_summary(folder / RUN_FOLDER / "hparams.yaml"),
-                       [line.images_per_sec for line in parse_epoch_lines(stdout)], stderr[-3000:])
+    # Written last: a folder with it holds a finished run, which ``load`` (--report_only) reads back.
+    (folder / RESULT_FILE).write_text(json.dumps({"returncode": code, "wall_s": round(wall, 2)}) + "\n")
+    result = read_result(spec, folder)
     best = "n/a" if result.best_acc is None else f"{result.best_acc:.4f}"
     log(f"  {spec.name}: exit {code}, best val acc {best}, {wall:.0f} s", flush=True)
     if code not in (0, DIVERGED_EXIT):
         log(f"--- {spec.name} stderr tail:\n{result.stderr_tail}", file=sys.stderr, flush=True)
     return result
+
+
+def read_result(spec: RunSpec, folder: Path) -> RunResult:
+    """A finished run's records: exit code and wall time, its epochs' val acc, the start block, rank 0's lines."""
+    ended = json.loads((folder / RESULT_FILE).read_text())
+    logs = folder / "logs"
+    stdout = (logs / "node0.out").read_text(errors="replace") if (logs / "node0.out").is_file() else ""
+    stderr = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("node*.err")))
+    return RunResult(spec, int(ended["returncode"]), float(ended["wall_s"]),
+                     read_rows(folder / RUN_FOLDER / "time_to_accuracy.csv"),
+                     read_summary(folder / RUN_FOLDER / "hparams.yaml"),
+                     [line.images_per_sec for line in parse_epoch_lines(stdout)], stderr[-3000:])
+
+
+def load(specs: Sequence[RunSpec], out_dir: Path) -> List[RunResult]:
+    """The results of runs trained before into ``out_dir`` (``--report_only``: redraw tables without training).
+
+    Raises FileNotFoundError naming the first run that has not finished there.
+    """
+    missing = [s.name for s in specs if not (Path(out_dir) / "runs" / s.name / RESULT_FILE).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{len(missing)} of {len(specs)} runs have no {RESULT_FILE} in {out_dir}/runs "
+                                f"(first: {missing[0]}); train them: leave out --report_only")
+    return [read_result(s, Path(out_dir) / "runs" / s.name) for s in specs]
 
 
 # ---------------------------------------------------------------------------------------------- reporting
@@ -311,30 +341,45 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
     parser.add_argument("--seed", type=int, default=Budget.seed, help="train.py --seed of every run")
     parser.add_argument("--threads", type=int, default=Budget.threads,
                         help="OMP_NUM_THREADS of every process: 1 makes one process one device (one core)")
+    parser.add_argument("--report_only", action="store_true",
+                        help="train nothing: redraw the table and plots from the runs already in --out_dir")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs that finished in --out_dir before (an interrupted grid), train the rest")
 
 
 def budget_from(args) -> Budget:
     return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
                   data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,
-                  seed=args.seed, val_size=getattr(args, "val_size", 0), parallel=getattr(args, "parallel", 1))
+                  seed=args.seed, val_size=getattr(args, "val_size", 0), parallel=getattr(args, "parallel", 1),
+                  resume=getattr(args, "resume", False))
 
 
 def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None):
-    """The runs, ``budget.parallel`` at a time (1: in turn), in ``specs``' order; returns (results, wall seconds)."""
+    """The runs, ``budget.parallel`` at a time (1: in turn), in ``specs``' order; returns (results, wall seconds).
+
+    With ``budget.resume`` a run that finished before (its result.json) is read back, not trained again; the wall
+    seconds are then None (the grid's time is not this call's).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     # SIGTERM (a job scheduler, kill) ends like Ctrl-C: run()'s finally then stops the run's processes.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     started = time.monotonic()
+    kept: List[str] = []
 
     def one(numbered):
         i, spec = numbered
+        folder = Path(out_dir) / "runs" / spec.name
+        if budget.resume and (folder / RESULT_FILE).is_file():
+            kept.append(spec.name)
+            print(f"[{i + 1}/{len(specs)}] {spec.name}: finished before, kept", flush=True)
+            return read_result(spec, folder)
         what = f"{spec.virtual} virtual devices" if spec.virtual > 1 else f"{spec.devices} process(es)"
         print(f"[{i + 1}/{len(specs)}] {spec.name}: {what}", flush=True)
         return run(spec, budget, out_dir, max_ranks_per_node)
 
     with ThreadPoolExecutor(max_workers=max(1, budget.parallel)) as pool:
         results = list(pool.map(one, enumerate(specs)))
-    return results, time.monotonic() - started
+    return results, None if kept else time.monotonic() - started
 
 
 def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
@@ -346,6 +391,13 @@ def exit_status(results: Sequence[RunResult]) -> int:
     return 0 if all(r.returncode in (0, DIVERGED_EXIT) for r in results) else 1
 
 
+def time_text(results: Sequence[RunResult], wall_s: Optional[float], parallel: int) -> str:
+    """How long the experiment took: the grid's wall time when it was just trained, and the runs' own in all."""
+    runs = sum(r.wall_s for r in results) / 60
+    grid = f"Wall time {wall_s / 60:.1f} min, " if wall_s is not None else ""
+    return f"{grid}{runs:.1f} min of runs in all ({parallel} at a time)."
+
+
 def data_text(budget: Budget) -> str:
     images = f"the first {budget.train_subset:,} training images" if budget.train_subset else "all 60,000 training images"
     return f"network `{budget.network}`, seed {budget.seed}, {budget.epochs} epochs on {images}"
@@ -355,6 +407,40 @@ def verdict_text(margin: float) -> str:
     return (f"Verdicts: diverged = exit 70 (training diverged) or a non-finite val loss/acc; degraded = best val acc "
             f"more than {margin:g} below the best run of the table; converged = within {margin:g} of it. Seconds are "
             "training time (validation excluded), images/sec (all ranks) the median of the epoch lines.")
+
+
+def seed_stats(values: Sequence[Optional[float]]) -> List[Optional[float]]:
+    """[median, min, max] of the finite values (a diverged seed has none); [None] * 3 when no seed has one."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    return [statistics.median(finite), min(finite), max(finite)] if finite else [None, None, None]
+
+
+def spread(values: Sequence[Optional[float]]) -> str:
+    """Median and range over seeds, e.g. ``0.842 (0.838–0.846)``; ``+ n/a`` when a seed has no finite value,
+    ``n/a`` alone when none has; a single seed is its value."""
+    median, low, high = seed_stats(values)
+    if median is None:
+        return "n/a"
+    lost = " + n/a" if len([v for v in values if v is not None and math.isfinite(v)]) < len(values) else ""
+    return f"{median:.3f}" if len(values) == 1 else f"{median:.3f} ({low:.3f}–{high:.3f}{lost})"
+
+
+def by_row(results: Sequence[RunResult], margin: float) -> List[Tuple[List[RunResult], List[str]]]:
+    """The runs grouped into table rows (``RunSpec.row``, first-seen order), each with its seeds' verdicts (against
+    the best run of the whole table)."""
+    verdict_of = dict(zip((id(r) for r in results), verdicts(results, margin)))
+    rows: Dict[Tuple[int, str], List[RunResult]] = {}
+    for result in results:
+        rows.setdefault((result.spec.virtual, result.spec.row), []).append(result)
+    return [(runs, [verdict_of[id(r)] for r in runs]) for runs in rows.values()]
+
+
+def verdict_cell(seen: Sequence[str]) -> str:
+    """The seeds' verdicts: ``converged``, or ``diverged 2/3`` when they do not agree."""
+    counts = {v: seen.count(v) for v in dict.fromkeys(seen)}
+    if len(counts) == 1:
+        return seen[0]
+    return ", ".join(f"{v} {c}/{len(seen)}" for v, c in sorted(counts.items(), key=lambda vc: -vc[1]))
 
 
 def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> None:

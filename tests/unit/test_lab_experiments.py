@@ -3,9 +3,11 @@ training subset, the devices table (the experiments end to end: tests/test_lab_e
 
 import math
 
+import pytest
+
 from datamodules import FashionMNISTDataModule
 from experiments import devices
-from experiments.runner import Budget, RunResult, RunSpec, commands, nodes_for, verdicts
+from experiments.runner import Budget, RunResult, RunSpec, commands, nodes_for, spread, verdicts
 from tests.idx_files import sample_ids
 
 
@@ -52,13 +54,56 @@ def test_train_subset_keeps_the_first_n_training_images(fashion_root):
     assert sample_ids(images) == list(range(100))
 
 
-def test_devices_table_has_a_row_per_process_count_and_rule():
-    summaries = {rule: {"lr_scaling": rule, "effective_batch_size": 128, "base_lr": 0.02, "base_batch_size": None,
-                        "batch_size_per_device": 64, "scaled_lr": 0.04} for rule in devices.RULES}
-    runs = [result(f"p{n}_{rule}", devices_=n, summary=summaries[rule]) for n in (1, 2, 4) for rule in devices.RULES]
-    rows = devices.table_rows(runs, Budget(target=0.8), margin=0.02)
-    assert [(r[0], r[1]) for r in rows] == [(str(n), rule) for n in (1, 2, 4) for rule in devices.RULES]
-    assert all(len(r) == len(devices.COLUMNS) for r in rows)
-    assert rows[1][3] == "0.02 @ 64 → 0.04" and rows[0][6] == "2 / 20.0 s"
+def test_devices_cells_give_each_rule_and_device_count_the_median_and_range_over_seeds():
+    def seeded(n, rule, seed, accs, code=0):
+        spec = RunSpec(f"n{n}_{rule}_s{seed}", devices=1, virtual=n, seed=seed, cell=rule)
+        rows = [{"epoch": i + 1, "cumulative_s": 1.0, "val_acc": a, "val_loss": 1.0} for i, a in enumerate(accs)]
+        summary = {"effective_batch_size": 128 * n, "scaled_lr": 0.05 * n, "total_steps": 384 // n}
+        return RunResult(spec, code, 10.0, rows, summary, [])
+
+    runs = [seeded(1, "linear", 42, (0.80, 0.86)), seeded(1, "linear", 43, (0.86, 0.84)),
+            seeded(1, "linear", 44, (0.81, 0.88)), seeded(1, "lars", 42, (0.83, 0.87)),
+            seeded(64, "linear", 42, (0.10,), code=70), seeded(64, "linear", 43, (0.30, math.nan)),
+            seeded(64, "linear", 44, (0.60, 0.70))]
+    one_linear, one_lars, many_linear = devices.cells(runs, margin=0.02)
+    assert (one_linear["devices"], one_linear["rule"], one_linear["effective_batch"], one_linear["steps"]) == (
+        1, "linear", 128, 384)
+    assert spread(one_linear["final"]) == "0.860 (0.840–0.880)"  # median of 0.86, 0.84, 0.88
+    assert spread(one_linear["best"]) == "0.860 (0.860–0.880)"
+    assert (one_lars["rule"], one_lars["runs"]) == ("lars", 1)
+    assert one_linear["verdict"] == one_lars["verdict"] == "converged"
+    assert many_linear["lr"] == 3.2 and many_linear["diverged"] == 2
+    assert many_linear["verdict"] == "diverged 2/3, degraded 1/3"  # exit 70, a NaN val loss; 0.70 < 0.88 - 0.02
+    assert spread(many_linear["final"]) == "0.400 (0.100–0.700 + n/a)"  # seed 43 ends on a NaN val acc
+    assert spread([None, math.nan]) == "n/a" and spread([0.5]) == "0.500"
 
 
+def test_report_only_reads_back_finished_runs_and_names_the_first_missing_one(tmp_path):
+    from experiments.runner import RESULT_FILE, load
+
+    done = tmp_path / "runs" / "n1_none_s42"
+    (done / "logs").mkdir(parents=True)
+    (done / RESULT_FILE).write_text('{"returncode": 70, "wall_s": 12.5}\n')
+    (done / "logs" / "node0.err").write_text("Training diverged at step 3\n")
+    specs = [RunSpec("n1_none_s42", seed=42), RunSpec("n2_none_s42", virtual=2, seed=42)]
+    with pytest.raises(FileNotFoundError, match=r"1 of 2 runs have no result.json .*\(first: n2_none_s42\)"):
+        load(specs, tmp_path)
+    back, = load(specs[:1], tmp_path)
+    assert (back.returncode, back.wall_s, back.rows, back.summary) == (70, 12.5, [], {})
+    assert "diverged at step 3" in back.stderr_tail and verdicts([back]) == ["diverged"]
+
+
+def test_resume_keeps_the_finished_runs_of_an_interrupted_grid_and_trains_only_the_rest(tmp_path, monkeypatch):
+    from experiments import runner
+
+    done = tmp_path / "runs" / "n1_none_s42"
+    (done / "logs").mkdir(parents=True)
+    (done / runner.RESULT_FILE).write_text('{"returncode": 0, "wall_s": 30.0}\n')
+    trained = []
+    monkeypatch.setattr(runner, "run", lambda spec, *a, **k: trained.append(spec.name) or "trained")
+    specs = [RunSpec("n1_none_s42", seed=42), RunSpec("n2_none_s42", virtual=2, seed=42)]
+    results, wall = runner.run_all(specs, runner.Budget(resume=True), tmp_path)
+    assert trained == ["n2_none_s42"] and results[0].wall_s == 30.0 and results[1] == "trained"
+    assert wall is None  # the grid's wall time is not this call's
+    results, wall = runner.run_all(specs, runner.Budget(), tmp_path)
+    assert trained == ["n2_none_s42", "n1_none_s42", "n2_none_s42"] and wall is not None
