@@ -20,24 +20,29 @@ def table_lines(markdown: str):
 
 
 @pytest.mark.multiprocess
-def test_takeaways_runs_the_workshop_rows_and_writes_table_csv_and_plot(fashion_root, tmp_path):
+def test_takeaways_runs_the_workshop_rows_as_torchrun_nodes_and_writes_table_csvs_and_plot(fashion_root, tmp_path):
+    """--ddp: 2 real processes, one per "node" (--max_ranks_per_node 1): the harness's torchrun path."""
     out = tmp_path / "takeaways"
-    code = takeaways.main(["--out_dir", str(out), "--data_dir", str(fashion_root), "--epochs", "2", "--devices", "1",
-                           "--only", "sgd,large_batch_warmup", "--target", "0.3"])
+    code = takeaways.main(["--out_dir", str(out), "--data_dir", str(fashion_root), "--epochs", "2", "--devices", "2",
+                           "--ddp", "--max_ranks_per_node", "1", "--only", "sgd,large_batch_warmup", "--seeds", "7",
+                           "--val_size", "64", "--target", "0.3"])
     assert code == 0
     header, *rows = table_lines((out / "takeaways.md").read_text())
     assert header == "| " + " | ".join(takeaways.COLUMNS) + " |"
     assert [r.split(" | ")[0] for r in rows] == ["| sgd", "| large_batch_warmup"]
     records = read_csv(out / "takeaways.csv")
-    assert [(r["config"], r["effective_batch"], r["optimizer"]) for r in records] == [
-        ("sgd", "32", "sgd"), ("large_batch_warmup", "128", "sgd")]
-    warm = records[1]  # linear from 0.01 at batch 32 to 128, over half of the 2 epochs: 1 epoch of 2 steps
-    assert float(warm["scaled_lr"]) == pytest.approx(0.04) and warm["warmup_steps"] == "2"
-    assert "1 ep (2 steps)" in rows[1] and "0.01 @ 32 → 0.04 (linear)" in rows[1]
-    assert {r["verdict"] for r in records} <= {"converged", "degraded"} and "converged" in {r["verdict"] for r in records}
-    assert all(0 < float(r["best_val_acc"]) <= 1 and float(r["images_per_sec"]) > 0 for r in records)
+    assert [(r["config"], r["world_size"], r["effective_batch_size"], r["optimizer"], r["runs"]) for r in records] == [
+        ("sgd", "2", "64", "sgd", "1"), ("large_batch_warmup", "2", "256", "sgd", "1")]
+    # 256 training images less 64 held out, 96 per rank: 1 step of 128 per epoch; warm-up over half the 2 epochs
+    warm = records[1]
+    assert float(warm["scaled_lr"]) == pytest.approx(0.04) and warm["warmup_steps"] == "1"
+    assert "| 2 × 128 = 256 | 0.01 @ 64 → 0.04 (linear) | 1 ep (1 steps) |" in rows[1]
+    runs = read_csv(out / "takeaways_runs.csv")
+    assert [(r["run"], r["seed"], r["exit_code"]) for r in runs] == [("sgd_s7", "7", "0"), ("large_batch_warmup_s7", "7", "0")]
+    assert all(0 < float(r["best_val_acc"]) <= 1 and float(r["images_per_sec"]) > 0 for r in runs)
+    assert "torch.distributed.run" in (out / "runs" / "sgd_s7" / "command.txt").read_text()
     assert (out / "takeaways.png").stat().st_size > 10_000
-    assert (out / "runs" / "sgd" / "runs" / "fashion_mnist" / "version_0" / "time_to_accuracy.csv").is_file()
+    assert (out / "runs" / "sgd_s7" / "runs" / "fashion_mnist" / "version_0" / "time_to_accuracy.csv").is_file()
 
 
 def test_a_run_that_blows_up_is_diverged(fashion_root, tmp_path):
@@ -48,19 +53,29 @@ def test_a_run_that_blows_up_is_diverged(fashion_root, tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_devices_runs_each_process_count_and_writes_table_and_plots(fashion_root, tmp_path):
-    """2 processes with one rank per "node" (--max_ranks_per_node 1): the torchrun path of the harness."""
+def test_devices_runs_each_cell_per_seed_on_held_out_images_and_redraws_from_the_runs(fashion_root, tmp_path):
+    """1 and 4 virtual devices x none/linear x 2 seeds, two runs at a time; then --report_only redraws the table."""
     out = tmp_path / "devices"
-    code = devices.main(["--out_dir", str(out), "--data_dir", str(fashion_root), "--epochs", "1", "--processes", "1,2",
-                         "--rules", "linear", "--batch_size", "32", "--max_ranks_per_node", "1", "--target", "0.3"])
-    assert code == 0
+    argv = ["--out_dir", str(out), "--data_dir", str(fashion_root), "--epochs", "1", "--devices", "1,4",
+            "--rules", "none,linear", "--seeds", "42,43", "--batch_size", "16", "--train_subset", "0",
+            "--val_size", "64", "--target", "0.3"]
+    assert devices.main(argv) == 0
     header, *rows = table_lines((out / "devices.md").read_text())
-    assert header == "| " + " | ".join(devices.COLUMNS) + " |" and len(rows) == 2
+    assert header == "| " + " | ".join(devices.COLUMNS) + " |" and len(rows) == 4
     records = read_csv(out / "devices.csv")
-    assert [(r["processes"], r["effective_batch"], r["scaled_lr"]) for r in records] == [
-        ("1", "32", "0.02"), ("2", "64", "0.04")]
-    assert all(r["epoch_to_target"] == "1" and r["verdict"] in ("converged", "degraded") for r in records)
-    assert "| 2 | linear | 64 | 0.02 @ 32 → 0.04 |" in rows[1]
-    assert "torch.distributed.run" in (out / "runs" / "p2_linear" / "command.txt").read_text()
-    for name in ("devices.png", "devices_curves.png"):
-        assert (out / name).stat().st_size > 10_000
+    # 256 training images less 64 held out: 12 steps of 16 on one device, 3 of 64 on four
+    assert [(r["devices"], r["rule"], r["effective_batch"], r["scaled_lr"], r["optimizer_steps"], r["runs"])
+            for r in records] == [("1", "none", "16", "0.05", "12", "2"), ("1", "linear", "16", "0.05", "12", "2"),
+                                  ("4", "none", "64", "0.05", "3", "2"), ("4", "linear", "64", "0.2", "3", "2")]
+    runs = read_csv(out / "devices_runs.csv")
+    assert sorted((r["run"], r["seed"], r["exit_code"]) for r in runs)[:2] == [("n1_linear_s42", "42", "0"),
+                                                                              ("n1_linear_s43", "43", "0")]
+    assert all(0 < float(r["final_val_acc"]) <= 1 for r in runs)
+    assert "--virtual_devices 4" in (out / "runs" / "n4_linear_s43" / "command.txt").read_text()
+    assert (out / "devices.png").stat().st_size > 10_000
+
+    table = (out / "devices.md").read_text()
+    (out / "devices.md").unlink()
+    assert devices.main([*argv, "--report_only"]) == 0
+    redrawn = (out / "devices.md").read_text()
+    assert table_lines(redrawn) == table_lines(table) and "Wall time" in table and "Wall time" not in redrawn
