@@ -49,6 +49,7 @@ class FashionMNISTClassifier(LightningModule):
         momentum: Momentum for ``sgd`` and ``lars``, 0 <= momentum < 1.
         nesterov: Nesterov momentum for ``sgd`` and ``lars`` (needs momentum > 0).
         weight_decay: Decoupled for adamw, L2 otherwise; never applied to biases or norm weights.
+        bias_lr_scale: Biases and norm weights learn at the lr times this (warm-up and schedule apply to both).
         label_smoothing: Cross-entropy label smoothing.
         ghost_batch_size: Ghost batch-norm: every batch-norm of the network normalises virtual sub-batches of
             this many samples (of the per-device batch) in training; ``None``: plain batch-norm. Running
@@ -84,6 +85,7 @@ class FashionMNISTClassifier(LightningModule):
         momentum: NonNegativeFloat = 0.9,
         nesterov: bool = False,
         weight_decay: NonNegativeFloat = 5e-4,
+        bias_lr_scale: PositiveFloat = 1.0,
         label_smoothing: NonNegativeFloat = 0.0,
         ghost_batch_size: Optional[PositiveInt] = None,
         virtual_devices: PositiveInt = 1,
@@ -100,7 +102,8 @@ class FashionMNISTClassifier(LightningModule):
         # jsonargparse's PositiveFloat / NonNegativeFloat let inf through (and the schedule then overflows).
         for key, value in (("base_lr", base_lr), ("warmup_epochs", warmup_epochs), ("lr_step_epochs", lr_step_epochs),
                            ("lr_gamma", lr_gamma), ("momentum", momentum), ("weight_decay", weight_decay),
-                           ("label_smoothing", label_smoothing), ("warmup_start_lr", warmup_start_lr or 1.0)):
+                           ("bias_lr_scale", bias_lr_scale), ("label_smoothing", label_smoothing),
+                           ("warmup_start_lr", warmup_start_lr or 1.0)):
             if not math.isfinite(value):
                 raise MisconfigurationException(f"model.{key} must be a finite number, got {value}")
         if label_smoothing > 1:
@@ -207,7 +210,8 @@ class FashionMNISTClassifier(LightningModule):
     def configure_optimizers(self):
         hp, plan = self.hparams, self.batch_plan
         optimizer = build_optimizer(
-            hp.optimizer, param_groups(self, hp.weight_decay), lr=plan.scaled_lr, momentum=hp.momentum,
+            hp.optimizer, param_groups(self, hp.weight_decay, plan.scaled_lr, hp.bias_lr_scale), lr=plan.scaled_lr,
+            momentum=hp.momentum,
             nesterov=hp.nesterov)
         factor = partial(
             lr_factor,

@@ -57,9 +57,11 @@ def lr_factor(
 NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
+def param_groups(model: nn.Module, weight_decay: float, lr: Optional[float] = None,
+                 bias_lr_scale: float = 1.0) -> List[Dict]:
     """Weight decay skips biases and norm weights, decided by role, not shape (under FSDP every parameter is a flat
-    1-D shard); LARS also leaves those groups out of its trust ratio, as the papers do."""
+    1-D shard); LARS also leaves those groups out of its trust ratio, as the papers do. ``bias_lr_scale`` != 1 gives
+    that group lr × scale (airbench trains biases faster: they are few and their gradients small)."""
     decay, no_decay = [], []
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -68,6 +70,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
+        if bias_lr_scale != 1.0:
+            if lr is None:
+                raise ValueError("param_groups: bias_lr_scale needs the lr it scales")
+            groups[-1]["lr"] = lr * bias_lr_scale
     return groups
 
 

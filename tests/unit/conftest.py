@@ -21,10 +21,12 @@ def clean_signals():
         signal.signal(signum, handler)
 
 
-def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="mlp", lr=0.05, **trainer_args):
+def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="mlp", lr=0.05, model_args=None,
+             **trainer_args):
     """Fit the mlp on the tiny data (256 images: 8 steps per epoch at batch 32) in this process; returns the trainer.
 
-    ``install``: a function called with the trainer before fit (e.g. ``runtime.install``)."""
+    ``install``: a function called with the trainer before fit (e.g. ``runtime.install``); ``model_args``: more
+    FashionMNISTClassifier arguments."""
     settings = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
                     enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(folder))
     settings.update(trainer_args)
@@ -32,5 +34,5 @@ def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="m
     if install is not None:
         install(trainer)
     data = FashionMNISTDataModule(data_dir=str(root), batch_size=batch_size, download=False)
-    trainer.fit(FashionMNISTClassifier(batch_size=batch_size, network=network, base_lr=lr), datamodule=data)
+    trainer.fit(FashionMNISTClassifier(batch_size=batch_size, network=network, base_lr=lr, **(model_args or {})), datamodule=data)
     return trainer

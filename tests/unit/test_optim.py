@@ -38,6 +38,16 @@ def test_weight_decay_skips_biases_and_norm_weights():
     assert all(p.ndim == 1 for p in no_decay["params"]) and len(no_decay["params"]) == 4
 
 
+def test_bias_lr_scale_gives_biases_and_norm_weights_that_multiple_of_the_lr_through_warm_up(fashion_root, tmp_path):
+    from tests.unit.conftest import tiny_fit
+
+    trainer = tiny_fit(fashion_root, tmp_path, network="fast_cnn", lr=0.05,
+                       model_args=dict(bias_lr_scale=8.0, warmup_epochs=2.0, warmup_start_lr=0.005), max_epochs=1)
+    weights, biases = trainer.optimizers[0].param_groups
+    assert all(p.ndim == 1 for p in biases["params"]) and len(biases["params"]) == 6  # 3 biases, 3 norm weights
+    assert weights["lr"] < 0.05 and biases["lr"] == pytest.approx(8 * weights["lr"])  # mid warm-up, both scaled
+
+
 def test_weight_decay_follows_the_role_not_the_shape_of_flattened_parameters():
     """Under FSDP every parameter is a 1-D shard; weights must still be decayed."""
     model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3))
