@@ -26,6 +26,7 @@ table), ``devices.png`` (final val acc against N, one line per rule; and against
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -87,13 +88,17 @@ def plot(rows: Sequence[Dict], path: Path, title: str) -> None:
                                    capsize=3, label=rule)
         by_steps.plot([row["steps"] or float("nan") for row in mine], medians, marker="o",
                       color=line.lines[0].get_color(), label=rule)
+        broke = [(row["devices"], row["steps"], m) for row, m in zip(mine, medians) if row["diverged"]]
+        for axes, x in ((by_devices, 0), (by_steps, 1)):  # a cell where a seed diverged: its median is not a result
+            axes.scatter([b[x] or float("nan") for b in broke], [0.1 if math.isnan(b[2]) else b[2] for b in broke],
+                         marker="x", s=80, color="black", zorder=5)
     for axes, xlabel in ((by_devices, "devices (per-device batch fixed)"), (by_steps, "optimizer steps in the budget")):
         axes.set_xscale("log", base=2)
         axes.set_xlabel(xlabel)
         axes.set_ylabel("final val acc (held-out images)")
         axes.grid(alpha=0.3)
         axes.legend(title="rule", fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(f"{title}; x: a seed diverged there (exit 70), drawn at its median or at chance")
     fig.savefig(path, dpi=90)
 
 
