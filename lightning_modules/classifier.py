@@ -20,7 +20,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_modules.batch_plan import BatchPlan, format_plan
 from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
-from lightning_modules.networks import NUM_CLASSES, build_network
+from lightning_modules.networks import NUM_CLASSES, build_network, freeze_norm_scales, init_convs_as_identity
 from lightning_modules.optim import (OptimizerName, ScalingRule, ScheduleName, add_gradient_noise, build_optimizer,
                                      lr_factor, param_groups)
 from runtime import compat
@@ -66,6 +66,9 @@ class FashionMNISTClassifier(LightningModule):
             cuDNN under mixed precision, and with oneDNN on CPU). configs/default.yaml turns it on;
             the outputs equal NCHW's up to float rounding.
         compile: ``torch.compile`` the network (first steps pay the compilation; the epoch-1 line says how long).
+        dirac_init: Convolutions with as many outputs as inputs or more start as the identity on their first
+            filters (airbench's init; networks.init_convs_as_identity).
+        freeze_norm_weights: Batch-norm scales stay at 1, only their biases train (airbench's).
         flip_test_time: Validation, test and predict average the logits of each image and its mirror image
             (test-time augmentation; costs a second forward pass in evaluation only, none in training).
     """
@@ -95,6 +98,8 @@ class FashionMNISTClassifier(LightningModule):
         channels_last: bool = False,
         compile: bool = False,
         flip_test_time: bool = False,
+        dirac_init: bool = False,
+        freeze_norm_weights: bool = False,
     ) -> None:
         super().__init__()
         if nesterov and momentum <= 0:
@@ -118,6 +123,10 @@ class FashionMNISTClassifier(LightningModule):
                                             "batches; give one of them")
         if ghost_batch_size is not None or virtual_devices > 1:
             use_ghost_batch_norm(self.net, ghost_batch_size, virtual_devices if virtual_devices > 1 else None)
+        if dirac_init:
+            init_convs_as_identity(self.net)
+        if freeze_norm_weights:
+            freeze_norm_scales(self.net)
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if channels_last:
             self.net.to(memory_format=torch.channels_last)

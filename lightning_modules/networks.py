@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 NUM_CLASSES = 10
+# Modules whose weights are scales, not features: no weight decay (optim.py), frozen by freeze_norm_scales.
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def _cbr(c_in: int, c_out: int) -> nn.Sequential:
@@ -133,3 +135,29 @@ def build_network(name: str, num_classes: int = NUM_CLASSES) -> nn.Module:
     except KeyError:
         raise ValueError(f"unknown network {name!r}; choose one of: {', '.join(NETWORKS)}") from None
     return factory(num_classes)
+
+
+def init_convs_as_identity(net: nn.Module) -> int:
+    """airbench's identity init: every 2-D convolution with at least as many outputs as inputs, odd kernel and
+    'same' padding starts with its first ``in_channels`` filters passing their input channel through unchanged
+    (``nn.init.dirac_``), so a deep stack starts near the identity. Returns how many convolutions it changed."""
+    changed = 0
+    for conv in net.modules():
+        if (isinstance(conv, nn.Conv2d) and conv.groups == 1 and conv.out_channels >= conv.in_channels
+                and all(k % 2 == 1 and p == k // 2 for k, p in zip(conv.kernel_size, conv.padding))):
+            with torch.no_grad():
+                nn.init.dirac_(conv.weight[:conv.in_channels])
+            changed += 1
+    return changed
+
+
+def freeze_norm_scales(net: nn.Module) -> int:
+    """airbench's fixed batch-norm scales: every norm layer's weight stays at its initial 1 and only its bias
+    trains (one fewer degree of freedom per channel that the next layer's weights already have). Returns how many
+    weights it froze."""
+    frozen = 0
+    for norm in net.modules():
+        if isinstance(norm, NORM_LAYERS) and getattr(norm, "weight", None) is not None:
+            norm.weight.requires_grad_(False)
+            frozen += 1
+    return frozen

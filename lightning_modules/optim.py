@@ -8,6 +8,7 @@ from typing import Dict, Iterable, List, Literal, Optional
 import torch
 from torch import nn
 
+from lightning_modules.networks import NORM_LAYERS
 from strategies.fsdp import local_shard
 
 OptimizerName = Literal["sgd", "adamw", "novograd", "lamb", "lars"]
@@ -53,8 +54,6 @@ def lr_factor(
     raise ValueError(f"unknown schedule {schedule!r}; choose one of: constant, cosine, step")
 
 
-# Modules whose weights are scales, not features: weight decay would pull them towards zero.
-NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: Optional[float] = None,
