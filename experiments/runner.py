@@ -299,17 +299,23 @@ def figure(ncols: int = 2, width: float = 12.0, height: float = 4.5):
 
 def plot_curves(results: Sequence[RunResult], labels: Sequence[str], path: Path, title: str,
                 target: Optional[float] = None) -> None:
-    """Val acc against epoch (left) and against cumulative training seconds (right), one line per run."""
+    """Val acc against epoch (left) and against cumulative training seconds (right), one line per run; runs with
+    the same label (a row's seeds) share a colour and one legend entry."""
+    from matplotlib import colormaps
     from matplotlib.ticker import MaxNLocator
 
     fig, (by_epoch, by_time) = figure()
+    names = list(dict.fromkeys(labels))
+    palette = colormaps["tab10" if len(names) <= 10 else "tab20"]
+    seen = set()
     for result, label in zip(results, labels):
         rows = [r for r in result.rows if r["val_acc"] is not None and math.isfinite(r["val_acc"])]
         if not rows:
             continue
-        line, = by_epoch.plot([r["epoch"] for r in rows], [r["val_acc"] for r in rows], marker="o", label=label)
-        by_time.plot([r["cumulative_s"] for r in rows], [r["val_acc"] for r in rows], marker="o",
-                     color=line.get_color(), label=label)
+        style = dict(marker="o", color=palette(names.index(label) % palette.N), label=None if label in seen else label)
+        seen.add(label)
+        by_epoch.plot([r["epoch"] for r in rows], [r["val_acc"] for r in rows], **style)
+        by_time.plot([r["cumulative_s"] for r in rows], [r["val_acc"] for r in rows], **style)
     for axes, xlabel in ((by_epoch, "epoch"), (by_time, "cumulative training time (s)")):
         if target is not None:
             axes.axhline(target, linestyle="--", color="grey", linewidth=1)

@@ -1,6 +1,6 @@
 """Experiment 2, the DLI workshop's takeaways table, on a batch-normalised conv net.
 
-    python -m experiments.takeaways                  # the rows below x 3 seeds (about 25 min on 2 cores)
+    python -m experiments.takeaways                  # the rows below x 3 seeds (about 31 min on 2 cores)
     python -m experiments.takeaways --seeds 42 --only sgd_momentum,large_batch_warmup --epochs 2
     python -m experiments.takeaways --report_only    # redraw table and plot from runs/takeaways
 
@@ -154,7 +154,7 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
                "wall_s"],
               [[x.spec.name, x.spec.row, x.spec.seed, x.returncode, v, x.final_acc, x.best_acc,
                 x.median_images_per_sec, round(x.wall_s, 1)] for r in rows_ for x, v in zip(r["runs"], r["seen"])])
-    plot_curves(results, [r.spec.name for r in results], out / "takeaways.png",
+    plot_curves(results, [r.spec.row for r in results], out / "takeaways.png",
                 f"Workshop recipes, {budget.network}, {budget.epochs} epochs, held-out validation", budget.target)
     return text
 
