@@ -59,8 +59,12 @@ def past_warmup(epochs_done: float, warmup_epochs: float, epochs_after_warmup: f
     return epochs_done + 1e-9 >= warmup_epochs + epochs_after_warmup
 
 
-def advice(base_lr: Optional[float], fsdp: bool) -> str:
+def advice(base_lr: Optional[float], fsdp: bool, scaled_lr: Optional[float] = None,
+           effective_batch: Optional[int] = None) -> str:
+    """The remedies; the lr as the user typed it and, when the rule changed it, what the run trained at."""
     lr = f" (now {base_lr:g})" if base_lr is not None else ""
+    if base_lr is not None and scaled_lr is not None and not math.isclose(scaled_lr, base_lr):
+        lr = f" (now {base_lr:g}, scaled to {scaled_lr:.4g} for the effective batch {effective_batch})"
     optimizers = ", or a layer-wise optimizer (--optimizer lamb)" if fsdp else \
         ", or a layer-wise optimizer (--optimizer novograd or lamb)"
     return f"try a warm-up (--warmup_epochs 1 or more), a lower --lr{lr}{optimizers}"
@@ -183,7 +187,9 @@ class DivergenceGuard(Participant):
                     f"{self.epochs_after_warmup:g} epoch(s) after warm-up ended")
         no_checkpoint_on_exception(trainer)
         base_lr = getattr(pl_module.hparams, "base_lr", None)
+        plan = getattr(pl_module, "batch_plan", None)
+        scaled = (plan.scaled_lr, plan.effective_batch_size) if plan is not None else (None, None)
         where = f" at step {now}" if first >= 0 or weight_index >= 0 else ""
         raise TrainingDiverged(f"{what}; stopped on every rank{where}, no checkpoint written of these weights; "
-                               f"{advice(base_lr, is_fsdp(trainer.strategy))}",
+                               f"{advice(base_lr, is_fsdp(trainer.strategy), *scaled)}",
                                rank=trainer.global_rank, children=compat.release_children(trainer))

@@ -126,6 +126,8 @@ def test_accuracy_is_judged_one_epoch_after_warmup_and_advice_names_the_remedies
     assert advice(0.5, fsdp=False) == ("try a warm-up (--warmup_epochs 1 or more), a lower --lr (now 0.5), "
                                       "or a layer-wise optimizer (--optimizer novograd or lamb)")
     assert "novograd" not in advice(0.5, fsdp=True) and "lamb" in advice(0.5, fsdp=True)
+    assert "a lower --lr (now 0.01, scaled to 0.8 for the effective batch 5120)," in advice(0.01, False, 0.8, 5120)
+    assert "a lower --lr (now 0.5)," in advice(0.5, False, 0.5, 128)  # no rule changed it: the lr alone
 
 
 class Signal(Callback):
