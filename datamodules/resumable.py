@@ -101,7 +101,7 @@ class ResumableLoader(DataLoader):
             return
         epoch, batches = int(state["epoch"]), int(state["batches"])
         if (state.get("batch_size"), state.get("world_size")) != (self.batch_size, self.sampler.num_replicas):
-            self._warn(
+            self.warn_once(
                 f"the checkpoint stopped after batch {batches} of epoch {epoch + 1} at batch size "
                 f"{state.get('batch_size')} per process and {state.get('world_size')} process(es); this run has "
                 f"{self.batch_size} and {self.sampler.num_replicas}: the rest of that epoch starts at batch "
@@ -111,7 +111,7 @@ class ResumableLoader(DataLoader):
         self.sampler.resume_at(epoch, batches * self.batch_size)
         self.position = self.resumed_at = (epoch, batches)
 
-    def _warn(self, message: str) -> None:
+    def warn_once(self, message: str) -> None:
         if not self.warned:
             self.warned = True
             rank_zero_warn(message, category=DataPositionWarning)
@@ -126,7 +126,7 @@ def check_position(loader: object, epoch: int, batches_before: int, accumulate: 
     resumed, loader.resumed_at = loader.resumed_at, None
     if loader.position != (epoch, batches_before + 1):
         got_epoch, got = loader.position
-        loader._warn(
+        loader.warn_once(
             f"the training data is out of step with the resumed loop: Lightning is at batch {batches_before + 1} of "
             f"epoch {epoch + 1}, the data loader handed out batch {got} of epoch {got_epoch + 1} (a mid-epoch "
             f"checkpoint without the loader's position?): this epoch's batches are shifted; resume from an "
@@ -135,7 +135,7 @@ def check_position(loader: object, epoch: int, batches_before: int, accumulate: 
     elif resumed is not None and resumed[0] == epoch and resumed[1] % accumulate:
         done = resumed[1]
         first = done - done % accumulate + 1
-        loader._warn(
+        loader.warn_once(
             f"resumed after batch {done} of epoch {epoch + 1}, between two optimizer steps (accumulate_grad_batches "
             f"{accumulate}): the gradients of {_batches(first, done)} were not in the checkpoint, so the next "
             f"optimizer step sums those of {_batches(done + 1, first + accumulate - 1)} only; the data continues "
