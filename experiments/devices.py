@@ -31,9 +31,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, by_row,
-                                command_line, exit_status, figure, fmt, load, markdown_table, run_all, seed_stats,
-                                spread, time_text, verdict_cell, write_csv)
+from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, add_grid_arguments, budget_from,
+                                by_row, command_line, exit_status, figure, fmt, markdown_table, seed_stats, spread,
+                                time_text, train_or_load, verdict_cell, write_csv)
 
 RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")
 DEFAULT_RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb")
@@ -140,19 +140,16 @@ def parse_args(argv: Optional[Sequence[str]] = None):
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--devices", default="1,2,4,8,16,32,64", help="comma-separated virtual device counts")
     parser.add_argument("--rules", default=",".join(DEFAULT_RULES), help=f"comma-separated, of {', '.join(RULES)}")
-    parser.add_argument("--seeds", default="42,43,44", help="comma-separated; every cell runs each")
     parser.add_argument("--batch_size", type=int, default=128, help="per device, the same for every run")
     parser.add_argument("--lr", type=float, default=0.05, help="SGD's, known to work on one device")
     parser.add_argument("--lars_lr", type=float, default=0.5, help="LARS's on one device (trust coefficient 0.01)")
     parser.add_argument("--lamb_lr", type=float, default=0.005, help="LAMB's on one device")
     parser.add_argument("--novograd_lr", type=float, default=0.01, help="NovoGrad's on one device")
     parser.add_argument("--warmup_epochs", type=float, default=1.0, help="of the warmup rule")
-    parser.add_argument("--val_size", type=int, default=5000, help="training images held out for validation")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+    add_grid_arguments(parser, "cell")
     add_budget_arguments(parser, out_dir="runs/devices", epochs=3, train_subset=16384, target=0.8)
     parser.set_defaults(network="fast_cnn")
     args = parser.parse_args(argv)
-    args.seeds = [int(s) for s in args.seeds.split(",")]
     bad = [r for r in args.rules.split(",") if r not in RULES]
     if bad:
         parser.error(f"--rules: unknown {', '.join(bad)}; choose from {', '.join(RULES)}")
@@ -163,14 +160,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     budget = budget_from(args)
     specs = grid([int(n) for n in args.devices.split(",")], args.rules.split(","), args.seeds, args)
-    if args.report_only:
-        try:
-            results, wall_s = load(specs, Path(args.out_dir)), None
-        except FileNotFoundError as missing:
-            print(f"error: {missing}", file=sys.stderr)
-            return 2
-    else:
-        results, wall_s = run_all(specs, budget, Path(args.out_dir))
+    done = train_or_load(specs, budget, args)
+    if done is None:
+        return 2
+    results, wall_s = done
     print(write_outputs(results, budget, args, command_line("experiments.devices", argv), wall_s))
     return exit_status(results)
 

@@ -353,6 +353,27 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
                         help="keep the runs that finished in --out_dir before (an interrupted grid), train the rest")
 
 
+def add_grid_arguments(parser, each: str) -> None:
+    """Seeds, held-out images and runs at once: the options of the commands that repeat each ``each`` per seed."""
+    parser.add_argument("--seeds", default=[42, 43, 44], type=lambda text: [int(s) for s in text.split(",")],
+                        help=f"comma-separated; every {each} runs each")
+    parser.add_argument("--val_size", type=int, default=5000, help="training images held out for validation")
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+
+
+def train_or_load(specs: Sequence[RunSpec], budget: Budget, args):
+    """(results, wall seconds): the runs trained, or with ``--report_only`` read back from ``--out_dir`` (wall None);
+    None after one error line when a run to read back has not finished."""
+    out_dir = Path(args.out_dir)
+    if not args.report_only:
+        return run_all(specs, budget, out_dir, args.max_ranks_per_node)
+    try:
+        return load(specs, out_dir), None
+    except FileNotFoundError as missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return None
+
+
 def budget_from(args) -> Budget:
     return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
                   data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,

@@ -42,19 +42,19 @@ from experiments.runner import (
     RunResult,
     RunSpec,
     add_budget_arguments,
+    add_grid_arguments,
     budget_from,
     by_row,
     command_line,
     exit_status,
     fmt,
-    load,
     lr_cell,
     markdown_table,
     plot_curves,
-    run_all,
     seed_stats,
     spread,
     time_text,
+    train_or_load,
     verdict_cell,
     warmup_cell,
     write_csv,
@@ -167,14 +167,11 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     parser.add_argument("--ddp", action="store_true",
                         help="real processes (gloo) instead of virtual devices; beyond --max_ranks_per_node as "
                              "torchrun 'nodes' on 127.0.0.1")
-    parser.add_argument("--seeds", default="42,43,44", help="comma-separated; every row runs each")
     parser.add_argument("--only", default=None, help="comma-separated row names (sgd,sgd_momentum,...); default all")
-    parser.add_argument("--val_size", type=int, default=5000, help="training images held out for validation")
-    parser.add_argument("--parallel", type=int, default=2, help="runs at once")
+    add_grid_arguments(parser, "row")
     add_budget_arguments(parser, out_dir="runs/takeaways", epochs=5, train_subset=0, target=0.88)
     parser.set_defaults(network="fast_cnn")
     args = parser.parse_args(argv)
-    args.seeds = [int(s) for s in args.seeds.split(",")]
     if args.only:
         known = [name for name, *_ in rows(budget_from(args), args.scale_devices)]
         args.only = args.only.split(",")
@@ -188,14 +185,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     budget = budget_from(args)
     specs = grid(budget, args.devices, args.scale_devices, args.seeds, args.ddp, args.only)
-    if args.report_only:
-        try:
-            results, wall_s = load(specs, Path(args.out_dir)), None
-        except FileNotFoundError as missing:
-            print(f"error: {missing}", file=sys.stderr)
-            return 2
-    else:
-        results, wall_s = run_all(specs, budget, Path(args.out_dir), args.max_ranks_per_node)
+    done = train_or_load(specs, budget, args)
+    if done is None:
+        return 2
+    results, wall_s = done
     print(write_outputs(results, budget, args, command_line("experiments.takeaways", argv), wall_s))
     return exit_status(results)
 
