@@ -40,6 +40,7 @@ class WeightEMA(Callback):
         self.updates = 0  # a Python int: deciding "first update or not" never reads the device
         self._last_step = -1
         self._average: Optional[Dict[str, torch.Tensor]] = None
+        self._live: Optional[Dict[str, torch.Tensor]] = None  # the module's tensors, looked up once per fit
         self._swapped = False
         self._finished = False
 
@@ -47,6 +48,16 @@ class WeightEMA(Callback):
         if stage == "fit" and isinstance(trainer.strategy, (FSDPStrategy, ModelParallelStrategy)):
             raise MisconfigurationException("WeightEMA keeps a full copy of the weights: it does not support sharded "
                                             "strategies (fsdp); use ddp, dp or one device")
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._live = None
+
+    def _live_weights(self, pl_module: LightningModule) -> Dict[str, torch.Tensor]:
+        """The training step's view of the weights, without walking the module tree every step (loading a
+        checkpoint copies into these same tensors)."""
+        if self._live is None:
+            self._live = self._weights(pl_module)
+        return self._live
 
     @staticmethod
     def _weights(pl_module: LightningModule) -> Dict[str, torch.Tensor]:
@@ -60,7 +71,7 @@ class WeightEMA(Callback):
         if step == self._last_step or step < max(1, self.start_step) or step % self.every_n_steps:
             return
         self._last_step = step
-        live = self._weights(pl_module)
+        live = self._live_weights(pl_module)
         if self._average is None or self.updates == 0:
             self._average = {k: v.detach().clone() for k, v in live.items()}
         else:
