@@ -24,6 +24,12 @@ PIXEL_MEAN = 0.2860
 PIXEL_STD = 0.3530
 
 
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels to the float inputs every network sees: scaled to [0, 1], then zero mean and unit variance over
+    the training set."""
+    return images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
+
+
 class FashionMNISTDataModule(LightningDataModule):
     """Fashion-MNIST: 60,000 training images, validation and test on the 10,000-image test split.
 
@@ -245,8 +251,14 @@ class FashionMNISTDataModule(LightningDataModule):
                                trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
                 images = self.augment(images, trainer)
-        images = images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
-        return images, targets
+        return normalise(images), targets
+
+    def normalised_train_images(self, count: int) -> torch.Tensor:
+        """The first ``count`` training images (after the held-out ones are removed; the same on every rank and seed)
+        as the network sees them, on the host: data for an initialisation (the model's ``whitening_init``)."""
+        if self.train_set is None:
+            raise RuntimeError("normalised_train_images needs setup('fit') first")
+        return normalise(self.train_set.images[:count].cpu())
 
     def augment(self, images: torch.Tensor, trainer) -> torch.Tensor:
         """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch)."""

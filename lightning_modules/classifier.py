@@ -20,11 +20,15 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_modules.batch_plan import BatchPlan, format_plan
 from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
-from lightning_modules.networks import NUM_CLASSES, build_network, freeze_norm_scales, init_convs_as_identity
+from lightning_modules.networks import (NUM_CLASSES, build_network, freeze_norm_scales, init_convs_as_identity,
+                                        init_first_conv_as_whitening)
 from lightning_modules.optim import (OptimizerName, ScalingRule, ScheduleName, add_gradient_noise, build_optimizer,
                                      lr_factor, param_groups)
 from runtime import compat
 from strategies import FullyShardedStrategy
+
+# Training images whose patches the whitening init (model.whitening_init) is computed from: airbench's count.
+WHITENING_IMAGES = 5000
 
 
 class FashionMNISTClassifier(LightningModule):
@@ -69,6 +73,8 @@ class FashionMNISTClassifier(LightningModule):
         dirac_init: Convolutions with as many outputs as inputs or more start as the identity on their first
             filters (airbench's init; networks.init_convs_as_identity).
         freeze_norm_weights: Batch-norm scales stay at 1, only their biases train (airbench's).
+        whitening_init: The first convolution starts as patch whitening of the first 5,000 training images
+            (airbench's; networks.patch_whitening_filters), computed when fit starts (a resume loads its weights).
         flip_test_time: Validation, test and predict average the logits of each image and its mirror image
             (test-time augmentation; costs a second forward pass in evaluation only, none in training).
     """
@@ -100,6 +106,7 @@ class FashionMNISTClassifier(LightningModule):
         flip_test_time: bool = False,
         dirac_init: bool = False,
         freeze_norm_weights: bool = False,
+        whitening_init: bool = False,
     ) -> None:
         super().__init__()
         if nesterov and momentum <= 0:
@@ -127,6 +134,9 @@ class FashionMNISTClassifier(LightningModule):
             init_convs_as_identity(self.net)
         if freeze_norm_weights:
             freeze_norm_scales(self.net)
+        if whitening_init and not any(isinstance(m, torch.nn.Conv2d) for m in self.net.modules()):
+            raise MisconfigurationException(f"model.whitening_init needs a convolutional network; {network} has no "
+                                            f"convolution (use e.g. fast_cnn, or leave whitening_init off)")
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         if channels_last:
             self.net.to(memory_format=torch.channels_last)
@@ -215,6 +225,15 @@ class FashionMNISTClassifier(LightningModule):
             train_images=getattr(datamodule, "train_images", None) if stage == "fit" else None,
             limit_train_batches=trainer.limit_train_batches, max_epochs=trainer.max_epochs, max_steps=trainer.max_steps,
             virtual_devices=hp.virtual_devices)
+        if stage == "fit" and hp.whitening_init:
+            self._init_whitening(datamodule)
+
+    def _init_whitening(self, datamodule) -> None:
+        """Before the strategy wraps or shards the network, so every rank starts from the same filters."""
+        if not hasattr(datamodule, "normalised_train_images"):
+            raise MisconfigurationException("model.whitening_init needs a data module with normalised_train_images "
+                              "(datamodules.FashionMNISTDataModule has it)")
+        init_first_conv_as_whitening(self.net, datamodule.normalised_train_images(WHITENING_IMAGES))
 
     def configure_optimizers(self):
         hp, plan = self.hparams, self.batch_plan

@@ -5,6 +5,7 @@ depend on its split across devices), ``wrn`` (the DLI workshop's WideResNet), ``
 from typing import Callable, Dict
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 NUM_CLASSES = 10
@@ -161,3 +162,43 @@ def freeze_norm_scales(net: nn.Module) -> int:
             norm.weight.requires_grad_(False)
             frozen += 1
     return frozen
+
+
+def first_convolution(net: nn.Module) -> nn.Conv2d:
+    """The network's first 2-D convolution in module order (the one that sees the pixels)."""
+    for module in net.modules():
+        if isinstance(module, nn.Conv2d):
+            return module
+    raise ValueError("the network has no convolution to initialise from the data")
+
+
+def patch_whitening_filters(images: torch.Tensor, kernel_size: int, eps: float = 5e-4) -> torch.Tensor:
+    """airbench's whitening filters for ``kernel_size``² patches of ``images`` (N×C×H×W, normalised as in training):
+    the eigenvectors of the patches' second-moment matrix, largest eigenvalue first, each divided by
+    sqrt(eigenvalue + eps), then the same filters negated (so a ReLU later keeps both signs). A patch convolved
+    with the first C·k² filters has (near) identity covariance: each direction of pixel variation starts at unit
+    scale, and the network does not have to learn that first. Returns (2·C·k²)×C×k×k."""
+    channels = images.shape[1]
+    patches = F.unfold(images.double(), kernel_size).transpose(1, 2).reshape(-1, channels * kernel_size ** 2)
+    moment = patches.T @ patches / len(patches)
+    eigenvalues, eigenvectors = torch.linalg.eigh(moment)  # ascending
+    eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
+    filters = (eigenvectors / torch.sqrt(eigenvalues + eps)).T.reshape(-1, channels, kernel_size, kernel_size)
+    return torch.cat((filters, -filters)).float()
+
+
+def init_first_conv_as_whitening(net: nn.Module, images: torch.Tensor, eps: float = 5e-4) -> int:
+    """Start the first convolution's filters as patch whitening of ``images`` (patch_whitening_filters): the first
+    half of its filters (up to C·k²) are the scaled eigenvectors, as many after them their negatives, the rest stay
+    as drawn. Needs a square kernel. Returns how many eigenvectors it used."""
+    conv = first_convolution(net)
+    k = conv.kernel_size[0]
+    if conv.kernel_size[1] != k or conv.groups != 1 or conv.in_channels != images.shape[1]:
+        raise ValueError(f"the first convolution ({conv}) cannot take patch whitening of "
+                         f"{images.shape[1]}-channel images")
+    filters = patch_whitening_filters(images, k, eps)
+    used = min(conv.out_channels // 2, len(filters) // 2)
+    with torch.no_grad():
+        conv.weight[:used] = filters[:used]
+        conv.weight[used:2 * used] = -filters[:used]
+    return used
