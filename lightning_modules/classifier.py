@@ -77,6 +77,8 @@ class FashionMNISTClassifier(LightningModule):
             (airbench's; networks.patch_whitening_filters), computed when fit starts (a resume loads its weights).
         flip_test_time: Validation, test and predict average the logits of each image and its mirror image
             (test-time augmentation; costs a second forward pass in evaluation only, none in training).
+        translate_test_time: Evaluation also averages in the image shifted by one pixel both ways (airbench's
+            test-time augmentation; three times the evaluation passes, none in training).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class FashionMNISTClassifier(LightningModule):
         dirac_init: bool = False,
         freeze_norm_weights: bool = False,
         whitening_init: bool = False,
+        translate_test_time: bool = False,
     ) -> None:
         super().__init__()
         if nesterov and momentum <= 0:
@@ -185,7 +188,18 @@ class FashionMNISTClassifier(LightningModule):
             self.log("train/grad_noise_std", std, on_step=True, on_epoch=False)  # same on every rank: no sync
 
     def evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits for evaluation: with ``flip_test_time``, the mean over the image and its mirror image."""
+        """Logits for evaluation: with ``flip_test_time``, the mean over the image and its mirror image; with
+        ``translate_test_time`` too, half that and half the same for the image shifted one pixel up-left and one
+        down-right (reflected edges): airbench's test-time augmentation."""
+        logits = self._flip_averaged_logits(images)
+        if self.hparams.translate_test_time:
+            padded = F.pad(images, (1, 1, 1, 1), mode="reflect")
+            height, width = images.shape[-2:]
+            shifted = [padded[..., :height, :width], padded[..., 2:, 2:]]
+            logits = (logits + sum(self._flip_averaged_logits(view) for view in shifted) / 2) / 2
+        return logits
+
+    def _flip_averaged_logits(self, images: torch.Tensor) -> torch.Tensor:
         logits = self(images)
         if self.hparams.flip_test_time:
             logits = (logits + self(images.flip(-1))) / 2

@@ -75,3 +75,22 @@ def test_fit_with_whitening_init_starts_from_the_training_images_whitening(fashi
 def test_whitening_init_of_a_network_without_convolutions_is_refused_in_one_line():
     with pytest.raises(MisconfigurationException, match="whitening_init needs a convolutional network; mlp"):
         FashionMNISTClassifier(network="mlp", whitening_init=True)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_translate_test_time_averages_the_image_with_its_one_pixel_shifts_half_and_half(flip):
+    torch.manual_seed(0)
+    model = FashionMNISTClassifier(network="mlp", flip_test_time=flip, translate_test_time=True).eval()
+    images = torch.randn(4, 1, 28, 28)
+    back, ahead = torch.arange(-1, 27).abs(), torch.tensor([*range(1, 28), 26])  # reflected at the edges
+
+    def views(x):
+        return [x, x.flip(-1)] if flip else [x]
+
+    def mean_logits(x):
+        return sum(model.net(v) for v in views(x)) / len(views(x))
+
+    shifted = [images[:, :, back][..., back], images[:, :, ahead][..., ahead]]
+    expected = mean_logits(images) / 2 + (mean_logits(shifted[0]) + mean_logits(shifted[1])) / 4
+    with torch.no_grad():
+        torch.testing.assert_close(model.evaluation_logits(images), expected.detach())
