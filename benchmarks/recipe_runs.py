@@ -6,6 +6,11 @@ Each run is ``train.py --config RECIPE --seed S`` as a user types it, in a scrat
 Training seconds are the last epoch line's Cumulative Time (training only, validation
 excluded); test accuracy is the test after fit (the best checkpoint by val/acc, which
 for a one-cycle recipe is the last epoch). Extra flags after ``--`` go to every run.
+
+    ... recipe_runs NEW.yaml --runs 5 --against OLD.yaml
+
+runs the two recipes alternately (old 42, new 42, old 43, ...) and prints the ratio of their median training times:
+the back-to-back comparison a "half today's time" goal needs on a machine whose speed drifts.
 """
 
 import argparse
@@ -39,20 +44,8 @@ def one_run(recipe: str, seed: int, extra) -> dict:
             "test_acc": float(test.group(1)) if test else float("nan"), "wall_s": wall}
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipe")
-    parser.add_argument("--runs", type=int, default=3)
-    opts, extra = parser.parse_known_args(argv)
-    # Everything after the recipe that is not --runs goes to train.py: flags for every run (after --).
-    opts.extra = [flag for flag in extra if flag != "--"]
-    rows = []
-    for i in range(opts.runs):
-        rows.append(one_run(opts.recipe, 42 + i, opts.extra))
-        r = rows[-1]
-        print(f"seed {r['seed']}: {r['epochs']} epochs, training {r['train_s']:.1f} s, {r['images_per_sec']:.0f} img/s, "
-              f"val acc {r['val_acc']:.4f}, test acc {r['test_acc']:.4f}, wall {r['wall_s']:.0f} s", flush=True)
-    print(f"\n{opts.recipe} {' '.join(opts.extra)}; {machine()}\n")
+def print_table(recipe: str, extra, rows) -> None:
+    print(f"\n{recipe} {' '.join(extra)}; {machine()}\n")
     print("| seed | epochs | training s | images/sec | test acc | wall s |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['seed']} | {r['epochs']} | {r['train_s']:.1f} | {r['images_per_sec']:.0f} | {r['test_acc']:.4f} | "
@@ -60,6 +53,45 @@ def main(argv=None) -> None:
     for key in ("train_s", "test_acc"):
         values = [r[key] for r in rows]
         print(f"{key}: median {statistics.median(values):.4g}, range {min(values):.4g}-{max(values):.4g}")
+
+
+def run_series(recipes, runs: int, extra, run=None) -> dict:
+    """Seeds 42, 43, ... of every recipe, the recipes alternating within each seed (A 42, B 42, A 43, ...): a
+    slow spell of the machine falls on both sides of a comparison, not on one."""
+    run = run or one_run
+    rows = {recipe: [] for recipe in recipes}
+    for i in range(runs):
+        for recipe in recipes:
+            r = run(recipe, 42 + i, extra)
+            rows[recipe].append(r)
+            print(f"{Path(recipe).name} seed {r['seed']}: {r['epochs']} epochs, training {r['train_s']:.1f} s, "
+                  f"{r['images_per_sec']:.0f} img/s, val acc {r['val_acc']:.4f}, test acc {r['test_acc']:.4f}, "
+                  f"wall {r['wall_s']:.0f} s", flush=True)
+    return rows
+
+
+def time_ratio(rows, baseline_rows) -> float:
+    """Median training seconds of a recipe over the baseline's, both from the same series."""
+    return statistics.median(r["train_s"] for r in rows) / statistics.median(r["train_s"] for r in baseline_rows)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--against", metavar="BASELINE_RECIPE",
+                        help="also run this recipe, alternating with RECIPE seed by seed, and print the ratio of "
+                             "their median training times")
+    opts, extra = parser.parse_known_args(argv)
+    # Everything after the recipe that is not --runs goes to train.py: flags for every run (after --).
+    opts.extra = [flag for flag in extra if flag != "--"]
+    recipes = [opts.against, opts.recipe] if opts.against else [opts.recipe]
+    rows = run_series(recipes, opts.runs, opts.extra)
+    for recipe in recipes:
+        print_table(recipe, opts.extra, rows[recipe])
+    if opts.against:
+        ratio = time_ratio(rows[opts.recipe], rows[opts.against])
+        print(f"\ntraining time of {opts.recipe} / {opts.against}: {ratio:.2f} (medians, runs alternating)")
 
 
 if __name__ == "__main__":
