@@ -24,6 +24,7 @@ from lightning_modules.networks import (NUM_CLASSES, build_network, freeze_norm_
                                         init_first_conv_as_whitening)
 from lightning_modules.optim import (OptimizerName, ScalingRule, ScheduleName, add_gradient_noise, build_optimizer,
                                      lr_factor, param_groups)
+from lightning_modules.test_time import augmented_logits
 from runtime import compat
 from strategies import FullyShardedStrategy
 
@@ -188,22 +189,8 @@ class FashionMNISTClassifier(LightningModule):
             self.log("train/grad_noise_std", std, on_step=True, on_epoch=False)  # same on every rank: no sync
 
     def evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits for evaluation: with ``flip_test_time``, the mean over the image and its mirror image; with
-        ``translate_test_time`` too, half that and half the same for the image shifted one pixel up-left and one
-        down-right (reflected edges): airbench's test-time augmentation."""
-        logits = self._flip_averaged_logits(images)
-        if self.hparams.translate_test_time:
-            padded = F.pad(images, (1, 1, 1, 1), mode="reflect")
-            height, width = images.shape[-2:]
-            shifted = [padded[..., :height, :width], padded[..., 2:, 2:]]
-            logits = (logits + sum(self._flip_averaged_logits(view) for view in shifted) / 2) / 2
-        return logits
-
-    def _flip_averaged_logits(self, images: torch.Tensor) -> torch.Tensor:
-        logits = self(images)
-        if self.hparams.flip_test_time:
-            logits = (logits + self(images.flip(-1))) / 2
-        return logits
+        """Logits for evaluation, averaged over the test-time views the options ask for (test_time.py)."""
+        return augmented_logits(self, images, self.hparams.flip_test_time, self.hparams.translate_test_time)
 
     def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> torch.Tensor:
         images, targets = batch
