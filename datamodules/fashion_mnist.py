@@ -46,6 +46,9 @@ class FashionMNISTDataModule(LightningDataModule):
         random_crop_padding: Training augmentation: shift each image by up to this many pixels
             (zero padding, as torchvision's ``RandomCrop(28, padding)``). 0: off.
         horizontal_flip: Training augmentation: mirror each image with probability 0.5.
+        alternating_flip: With ``horizontal_flip``: a coin decides each image's flip in the first epoch only, then the
+            image alternates, mirrored every other epoch (airbench's): any two epochs in a row see both sides of
+            every image. The coins depend on the seed alone, so every rank and a resumed run draw the same.
         keep_on_device: When training on a GPU with ``num_workers`` 0, hold both splits in GPU memory
             (47 + 8 MB) and gather batches there. Ignored on CPU. False: batches are gathered in host memory
             and copied from pinned memory.
@@ -66,6 +69,7 @@ class FashionMNISTDataModule(LightningDataModule):
         download: bool = True,
         random_crop_padding: NonNegativeInt = 0,
         horizontal_flip: bool = False,
+        alternating_flip: bool = False,
         keep_on_device: bool = True,
         train_subset: Optional[PositiveInt] = None,
         val_size: NonNegativeInt = 0,
@@ -79,6 +83,11 @@ class FashionMNISTDataModule(LightningDataModule):
         self.download = download
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
+        if alternating_flip and not horizontal_flip:
+            raise MisconfigurationException("data.alternating_flip decides how data.horizontal_flip flips: give "
+                                            "--data.horizontal_flip true too")
+        self.alternating_flip = alternating_flip
+        self._first_epoch_flips: Optional[torch.Tensor] = None  # one coin per training image (alternating_flip)
         self.keep_on_device = keep_on_device
         self.train_subset = train_subset
         self.val_size = val_size
@@ -118,6 +127,10 @@ class FashionMNISTDataModule(LightningDataModule):
                 self.val_set = InMemoryImages(train.data[held_out], train.targets[held_out])
             kept = kept[: self.train_subset]  # the first n images left (all when there are fewer)
             self.train_set = InMemoryImages(train.data[kept], train.targets[kept])
+            if self.alternating_flip:
+                self.train_set.serve_indices = True
+                coins = torch.Generator().manual_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)))
+                self._first_epoch_flips = torch.rand(len(kept), generator=coins) < 0.5
         if self.test_set is None:
             test = FashionMNIST(root, train=False, download=False)
             self.test_set = InMemoryImages(test.data, test.targets)
@@ -125,6 +138,8 @@ class FashionMNISTDataModule(LightningDataModule):
         for split in (self.train_set, self.val_set, self.test_set):
             if split is not None and split.device != device:
                 split.to(device)
+        if self._first_epoch_flips is not None:
+            self._first_epoch_flips = self._first_epoch_flips.to(device)
 
     def _resident_device(self) -> torch.device:
         """Where the splits live: the GPU this process trains on (with ``keep_on_device``), else host memory.
@@ -242,7 +257,7 @@ class FashionMNISTDataModule(LightningDataModule):
         """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there."""
         if not isinstance(batch, (tuple, list)):
             return batch  # the model summary's example input
-        images, targets = batch
+        images, targets, *indices = batch  # indices: from a split that serves them (alternating_flip)
         trainer = self.trainer
         if trainer is not None and trainer.training:
             loader = self._fitted_train_loader()
@@ -250,7 +265,7 @@ class FashionMNISTDataModule(LightningDataModule):
                 check_position(loader, trainer.current_epoch,
                                trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
-                images = self.augment(images, trainer)
+                images = self.augment(images, trainer, indices[0] if indices else None)
         return normalise(images), targets
 
     def normalised_train_images(self, count: int) -> torch.Tensor:
@@ -260,8 +275,9 @@ class FashionMNISTDataModule(LightningDataModule):
             raise RuntimeError("normalised_train_images needs setup('fit') first")
         return normalise(self.train_set.images[:count].cpu())
 
-    def augment(self, images: torch.Tensor, trainer) -> torch.Tensor:
-        """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch)."""
+    def augment(self, images: torch.Tensor, trainer, indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch);
+        with ``alternating_flip`` the flips follow the images' ``indices`` instead."""
         batch_index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
         seed = augmentation_seed(
             int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank, trainer.current_epoch, batch_index
@@ -269,6 +285,9 @@ class FashionMNISTDataModule(LightningDataModule):
         generator = batch_generator(images.device, seed)
         if self.random_crop_padding:
             images = random_crop(images, self.random_crop_padding, generator)
-        if self.horizontal_flip:
+        if self.horizontal_flip and self.alternating_flip:
+            flip = self._first_epoch_flips[indices] ^ bool(trainer.current_epoch % 2)
+            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
+        elif self.horizontal_flip:
             images = random_horizontal_flip(images, generator)
         return images

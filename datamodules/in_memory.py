@@ -17,6 +17,9 @@ class InMemoryImages(Dataset):
     def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
         self.images = images.unsqueeze(1).contiguous()  # N×1×28×28, still uint8
         self.targets = targets
+        # True: a batch also carries each image's index in the split (images, targets, indices), for augmentation
+        # that follows the image across epochs (the data module's alternating flip); it strips them on the device.
+        self.serve_indices = False
 
     def to(self, device: torch.device) -> "InMemoryImages":
         """Move the split (47 MB for the training set) to ``device`` once; later batches are gathered there."""
@@ -38,6 +41,8 @@ class InMemoryImages(Dataset):
         index = torch.as_tensor(indices)
         if self.images.is_cuda:  # a plain copy to the GPU would wait for its queue to drain, every batch
             index = index.pin_memory().to(self.images.device, non_blocking=True)
+        if self.serve_indices:
+            return self.images[index], self.targets[index], index
         return self.images[index], self.targets[index]
 
 

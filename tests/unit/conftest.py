@@ -22,17 +22,17 @@ def clean_signals():
 
 
 def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="mlp", lr=0.05, model_args=None,
-             **trainer_args):
+             data_args=None, **trainer_args):
     """Fit the mlp on the tiny data (256 images: 8 steps per epoch at batch 32) in this process; returns the trainer.
 
     ``install``: a function called with the trainer before fit (e.g. ``runtime.install``); ``model_args``: more
-    FashionMNISTClassifier arguments."""
+    FashionMNISTClassifier arguments; ``data_args``: more FashionMNISTDataModule arguments."""
     settings = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
                     enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(folder))
     settings.update(trainer_args)
     trainer = Trainer(callbacks=list(callbacks), **settings)
     if install is not None:
         install(trainer)
-    data = FashionMNISTDataModule(data_dir=str(root), batch_size=batch_size, download=False)
+    data = FashionMNISTDataModule(data_dir=str(root), batch_size=batch_size, download=False, **(data_args or {}))
     trainer.fit(FashionMNISTClassifier(batch_size=batch_size, network=network, base_lr=lr, **(model_args or {})), datamodule=data)
     return trainer
