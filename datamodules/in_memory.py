@@ -14,12 +14,14 @@ Batch = Tuple[torch.Tensor, torch.Tensor]
 class InMemoryImages(Dataset):
     """Images (N×28×28 uint8) and labels held as tensors; ``__getitems__`` serves a whole batch in one gather."""
 
+    # True: a batch also carries each image's index in the split (images, targets, indices), for augmentation that
+    # follows the image across epochs (the data module's alternating flip), which strips them on the device.
+    # A class default, so a split re-classed in place (tests/recorder.py) has it too.
+    serve_indices = False
+
     def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
         self.images = images.unsqueeze(1).contiguous()  # N×1×28×28, still uint8
         self.targets = targets
-        # True: a batch also carries each image's index in the split (images, targets, indices), for augmentation
-        # that follows the image across epochs (the data module's alternating flip); it strips them on the device.
-        self.serve_indices = False
 
     def to(self, device: torch.device) -> "InMemoryImages":
         """Move the split (47 MB for the training set) to ``device`` once; later batches are gathered there."""
