@@ -285,7 +285,7 @@ class FashionMNISTDataModule(LightningDataModule):
         generator = batch_generator(images.device, seed)
         if self.random_crop_padding:
             images = random_crop(images, self.random_crop_padding, generator)
-        if self.horizontal_flip and self.alternating_flip:
+        if self.alternating_flip:  # implies horizontal_flip (checked in __init__)
             flip = self._first_epoch_flips[indices] ^ bool(trainer.current_epoch % 2)
             images = torch.where(flip[:, None, None, None], images.flip(-1), images)
         elif self.horizontal_flip:

@@ -39,7 +39,8 @@ class InMemoryImages(Dataset):
     def __getitem__(self, index: int) -> Batch:
         return self.images[index], self.targets[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> Batch:
+    def __getitems__(self, indices: Sequence[int]) -> Tuple[torch.Tensor, ...]:
+        """(images, targets), and the indices too when ``serve_indices``."""
         index = torch.as_tensor(indices)
         if self.images.is_cuda:  # a plain copy to the GPU would wait for its queue to drain, every batch
             index = index.pin_memory().to(self.images.device, non_blocking=True)

@@ -233,7 +233,7 @@ class FashionMNISTClassifier(LightningModule):
         """Before the strategy wraps or shards the network, so every rank starts from the same filters."""
         if not hasattr(datamodule, "normalised_train_images"):
             raise MisconfigurationException("model.whitening_init needs a data module with normalised_train_images "
-                              "(datamodules.FashionMNISTDataModule has it)")
+                                            "(datamodules.FashionMNISTDataModule has it)")
         init_first_conv_as_whitening(self.net, datamodule.normalised_train_images(WHITENING_IMAGES))
 
     def configure_optimizers(self):

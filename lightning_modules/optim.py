@@ -54,8 +54,6 @@ def lr_factor(
     raise ValueError(f"unknown schedule {schedule!r}; choose one of: constant, cosine, step")
 
 
-
-
 def param_groups(model: nn.Module, weight_decay: float, lr: Optional[float] = None,
                  bias_lr_scale: float = 1.0) -> List[Dict]:
     """Weight decay skips biases and norm weights, decided by role, not shape (under FSDP every parameter is a flat
