@@ -1,7 +1,9 @@
 """The callbacks users list in YAML: throughput (the epoch line), memory, time to accuracy, predictions, stop at
-target, an average of the weights for evaluation (WeightEMA). The arithmetic lives in plain classes the callbacks
-call. The always-on guards live in runtime/."""
+target, test pictures, an average of the weights for evaluation (WeightEMA), and the large-batch tools that act on the
+network (GhostBatchNorm, GradientNoise). The arithmetic lives in plain classes and functions the callbacks call; the
+run's record (metrics.csv) is run_record.py; the always-on guards live in runtime/."""
 
+from callbacks.large_batch import GhostBatchNorm, GradientNoise
 from callbacks.memory import PeakMemory
 from callbacks.pictures import TestPictures
 from callbacks.predictions import PredictionCSV
@@ -10,5 +12,5 @@ from callbacks.throughput import ThroughputReport
 from callbacks.time_to_accuracy import TimeToAccuracy
 from callbacks.weight_ema import WeightEMA
 
-__all__ = ["PeakMemory", "PredictionCSV", "StopAtTarget", "ThroughputReport", "TestPictures", "TimeToAccuracy",
-           "WeightEMA"]
+__all__ = ["GhostBatchNorm", "GradientNoise", "PeakMemory", "PredictionCSV", "StopAtTarget", "ThroughputReport",
+           "TestPictures", "TimeToAccuracy", "WeightEMA"]

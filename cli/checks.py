@@ -2,22 +2,25 @@
 functions of plain values where possible, so tests give them any machine's counts. ``--devices``: README, "Command
 line"."""
 
+import importlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Union
 
 import torch
 import yaml
 
+from cli.shorthand import CLASS_NAMES
 from runtime.errors import ConfigError, OutputNotWritableError
 from runtime.lifetime import is_launched_rank, launcher_environment
-from strategies import CPU_NAME, NO_GPU_MESSAGE, UNSHARDABLE_OPTIMIZERS, is_fsdp
+from strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
 
 DEVICES_KEY = "trainer.devices (--devices)"
 
 
-def _parse_devices(devices: Union[int, str, Sequence[int], None]):
+def parse_devices(devices: Union[int, str, Sequence[int], None]):
     """``int``, ``"auto"``, or a list of GPU indices, from what the config holds."""
     if devices is None:
         return "auto"
@@ -37,13 +40,24 @@ def _parse_devices(devices: Union[int, str, Sequence[int], None]):
         raise ConfigError(f"{DEVICES_KEY} is {devices!r}: give a number, auto, -1 or a list of GPU indices") from None
 
 
+def import_class(class_path: Optional[str]) -> Optional[type]:
+    """The class a config's class path names (jsonargparse has imported it while parsing), else None."""
+    if not isinstance(class_path, str) or "." not in class_path:
+        return None
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 CPU_RANKS_PER_CORE = 8  # beyond this many CPU processes per core a run only thrashes
 
 
 def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> Optional[str]:
     """Refuses device requests this machine cannot serve (``accelerator``: ``cpu`` or ``cuda``, resolved); returns the
     warning line for more CPU processes than cores (allowed: students learn ddp on laptops), else None."""
-    parsed = _parse_devices(devices)
+    parsed = parse_devices(devices)
     if accelerator == "cpu":
         cores = cpu_count or 1
         most = CPU_RANKS_PER_CORE * cores
@@ -108,10 +122,12 @@ def check_config(config) -> None:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
     if trainer.strategy == "fsdp" and accelerator == "cpu":
         trainer.strategy = CPU_NAME  # the same FSDP2 strategy: Lightning refuses the name fsdp on CPU
-    optimizer = config.model.optimizer
-    if is_fsdp(trainer.strategy) and optimizer in UNSHARDABLE_OPTIMIZERS:
-        raise ConfigError(f"--optimizer {optimizer} keeps a plain tensor beside fsdp's sharded parameters, which torch "
-                          f"refuses; use --strategy ddp with {optimizer}, or lamb/lars/sgd/adamw with fsdp")
+    optimizer = getattr(config.model.optimizer, "class_path", None)
+    unshardable = unshardable_optimizer(import_class(optimizer)) if is_fsdp(trainer.strategy) else None
+    if unshardable:
+        names = {path: name for name, path in CLASS_NAMES["--model.optimizer"].items()}
+        raise ConfigError(f"--optimizer {names.get(unshardable, optimizer)} keeps a plain tensor beside fsdp's sharded "
+                          f"parameters, which torch refuses; use --strategy ddp with it, or lamb/lars/sgd/adamw with fsdp")
     check_at_least_one("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
     nodes = trainer.num_nodes or 1
     if nodes > 1 and not launcher_environment():
@@ -199,7 +215,8 @@ def check_config_file(name: str) -> None:
 
 
 def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
-    """Why ``folder`` cannot be created or written, else None. Reads only: nothing is created."""
+    """Why ``folder`` cannot be created or written, else None. Leaves nothing behind: the nearest existing folder is
+    tried with a temporary folder, removed at once (file modes alone do not tell, e.g. for root, or under /proc)."""
     text = str(folder)
     if "://" in text:  # s3://, memory://...: left to fsspec
         return None
@@ -210,13 +227,19 @@ def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
                 return f"{candidate} is a file, not a folder"
             if not os.access(candidate, os.W_OK | os.X_OK):
                 return f"{candidate} is not writable"
+            try:
+                os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=candidate))
+            except OSError as error:
+                return f"{candidate} is not writable ({error.strerror or error})"
             return None
     return None
 
 
 def check_outputs(trainer, subcommand: str) -> None:
-    """The log folder (and for fit the checkpoint folders) can be created and written; nothing is created here."""
-    folders = [("trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)) for logger in trainer.loggers]
+    """The run's folder (``--trainer.default_root_dir``), the loggers' and for fit the checkpoint folders can be created
+    and written; nothing is created here."""
+    folders = [("trainer.default_root_dir", trainer.default_root_dir)]
+    folders += [("trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)) for logger in trainer.loggers]
     if subcommand == "fit":
         folders += [("ModelCheckpoint dirpath (trainer.callbacks)", getattr(callback, "dirpath", None))
                     for callback in trainer.checkpoint_callbacks]
@@ -232,5 +255,5 @@ def check_writable(folders: Iterable[tuple]) -> None:
         if reason is not None:
             raise OutputNotWritableError(
                 f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
-                f"(e.g. --trainer.logger.init_args.save_dir and the ModelCheckpoint dirpath in your config)"
+                f"(--trainer.default_root_dir: logs and checkpoints go under it)"
             )

@@ -1,6 +1,7 @@
 """The workshop's command line (``--strategy ddp --devices 4``) rewritten to LightningCLI's (``fit --trainer.strategy
 ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcommands keep their meaning."""
 
+import importlib
 from typing import Dict, List, Optional, Sequence
 
 from runtime.errors import ShorthandError
@@ -17,12 +18,12 @@ SHORTHAND_TABLE = {
     "--epochs": ("--trainer.max_epochs", "3"),
     "--batch_size": ("--data.batch_size", "128"),
     "--data_dir": ("--data.data_dir", "./data"),
-    "--lr": ("--model.base_lr", "0.05"),
-    "--lr_scaling": ("--model.lr_scaling", "linear"),
-    "--warmup_epochs": ("--model.warmup_epochs", "1"),
+    "--virtual_devices": ("--data.virtual_devices", "8"),
+    "--lr": ("--model.optimizer.init_args.lr", "0.05"),
+    "--lr_scaling": ("--model.lr_policy.scaling", "linear"),
+    "--warmup_epochs": ("--model.lr_policy.warmup_epochs", "1"),
     "--optimizer": ("--model.optimizer", "sgd"),
     "--network": ("--model.network", "cnn"),
-    "--virtual_devices": ("--model.virtual_devices", "8"),
     "--seed": ("--seed_everything", "42"),
     "--deterministic": ("--trainer.deterministic", "true"),
     "--target_accuracy": ("--stop_at_target.target_accuracy", "0.85"),
@@ -32,6 +33,53 @@ SHORTHAND: Dict[str, str] = {short: full for short, (full, _) in SHORTHAND_TABLE
 EXAMPLE: Dict[str, str] = {
     flag: example for short, (full, example) in SHORTHAND_TABLE.items() for flag in (short, full)
 }
+# The short names of the shipped networks and optimizers, on the command line (--network fast_cnn, or
+# --model.network fast_cnn): each stands for its class path. A config file names the class path itself.
+CLASS_NAMES: Dict[str, Dict[str, str]] = {
+    "--model.network": {
+        "cnn": "lightning_modules.networks.SmallCNN",
+        "fast_cnn": "lightning_modules.networks.FastCNN",
+        "gpu_cnn": "lightning_modules.networks.GpuCNN",
+        "mlp": "lightning_modules.networks.MLP",
+        "wrn": "lightning_modules.networks.WideResNet",
+        "resnet18": "lightning_modules.networks.ResNet18",
+    },
+    "--model.optimizer": {
+        "sgd": "torch.optim.SGD",
+        "adamw": "torch.optim.AdamW",
+        "novograd": "torch_optimizer.NovoGrad",
+        "lamb": "torch_optimizer.Lamb",
+        "lars": "torch_optimizer.LARS",
+    },
+}
+
+
+def class_path(key: str, value: str) -> str:
+    """``value`` of ``key`` (a full key) as a class path: a short name's, or ``value`` itself when it is one."""
+    names = CLASS_NAMES.get(key)
+    if names is None or value in names.values() or "." in value or value.lstrip().startswith("{"):
+        return value
+    if value not in names:
+        what = key.rsplit(".", 1)[-1]
+        raise ShorthandError(f"unknown {what} {value!r}: choose one of {', '.join(names)}, or give a class path "
+                             f"(e.g. --{what} {next(iter(names.values()))})")
+    return names[value]
+
+
+def _check_lr(flag: str, value: str) -> None:
+    """The learning rate as a number the optimizer can train with (jsonargparse reads ``nan`` as text there)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not 0 < number < float("inf"):
+        raise ShorthandError(f"{flag} must be a number > 0 (the base learning rate, e.g. {flag} 0.05); got {value}")
+
+
+def named_class(key: str, name: str) -> type:
+    """The class a short name (or class path) of ``key`` stands for: ``named_class("--model.network", "cnn")``."""
+    module, _, attr = class_path(key, name).rpartition(".")
+    return getattr(importlib.import_module(module), attr)
 
 
 def _split(token: str):
@@ -45,7 +93,9 @@ def _split(token: str):
 def shorthand_help() -> str:
     """The table printed under ``--help``."""
     rows = [f"  {short:<16} = {full}" for short, full in SHORTHAND.items()]
-    return "shorthand flags (no subcommand means fit):\n" + "\n".join(rows)
+    names = [f"  {key[2:]:<16}: {', '.join(table)}" for key, table in CLASS_NAMES.items()]
+    return ("shorthand flags (no subcommand means fit):\n" + "\n".join(rows)
+            + "\nshort names (or any class path):\n" + "\n".join(names))
 
 
 def find_subcommand(args: Sequence[str]) -> Optional[str]:
@@ -85,6 +135,9 @@ def expand_args(argv: Sequence[str]) -> List[str]:
             i += 1
         i += 1
         target = full or key
+        value = class_path(target, value)
+        if target == SHORTHAND["--lr"]:
+            _check_lr(key, value)
         given.setdefault(target, []).append((key, value))
         expanded.extend([target, value])
 

@@ -1,13 +1,11 @@
 """Fashion-MNIST as a LightningDataModule: splits held in memory (on the GPU when training there), distributed
 sampling, and uint8 batches normalised and augmented on the device."""
 
-import os
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
@@ -17,6 +15,7 @@ from datamodules.augment import augmentation_seed, batch_generator, random_crop,
 from datamodules.files import check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder, torchvision_root
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
+from runtime.resume import run_seed
 from runtime.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
 
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
@@ -46,15 +45,15 @@ class FashionMNISTDataModule(LightningDataModule):
         random_crop_padding: Training augmentation: shift each image by up to this many pixels
             (zero padding, as torchvision's ``RandomCrop(28, padding)``). 0: off.
         horizontal_flip: Training augmentation: mirror each image with probability 0.5.
-        alternating_flip: With ``horizontal_flip``: a coin decides each image's flip in the first epoch only, then the
-            image alternates, mirrored every other epoch (airbench's): any two epochs in a row see both sides of
-            every image. The coins depend on the seed alone, so every rank and a resumed run draw the same.
         keep_on_device: When training on a GPU with ``num_workers`` 0, hold both splits in GPU memory
             (47 + 8 MB) and gather batches there. Ignored on CPU. False: batches are gathered in host memory
             and copied from pinned memory.
         train_subset: Train on the first N training images only (the file's order after ``val_size`` is held out,
             the same for every seed and world size; the first 10,000 hold 942 to 1,027 images of each class);
             ``None``: all of them. For short experiments; validation is unchanged.
+        virtual_devices: One process stands for this many devices at ``batch_size`` each (docs/large_batch.md): its
+            loader serves their shards side by side, in rank order, as their own samplers would; the model gets the
+            count through the CLI's link (its batch-norm and LR rule follow it). 1: off.
         val_size: Hold out this many training images (stratified by class, the same for every seed and world size)
             and validate on them; 0: validate on the 10,000-image test split, as the DLI workshop does (then nothing
             may be selected on validation: the test after fit evaluates the last epoch, not the best).
@@ -69,9 +68,9 @@ class FashionMNISTDataModule(LightningDataModule):
         download: bool = True,
         random_crop_padding: NonNegativeInt = 0,
         horizontal_flip: bool = False,
-        alternating_flip: bool = False,
         keep_on_device: bool = True,
         train_subset: Optional[PositiveInt] = None,
+        virtual_devices: PositiveInt = 1,
         val_size: NonNegativeInt = 0,
     ) -> None:
         super().__init__()
@@ -83,13 +82,9 @@ class FashionMNISTDataModule(LightningDataModule):
         self.download = download
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
-        if alternating_flip and not horizontal_flip:
-            raise MisconfigurationException("data.alternating_flip decides how data.horizontal_flip flips: give "
-                                            "--data.horizontal_flip true too")
-        self.alternating_flip = alternating_flip
-        self._first_epoch_flips: Optional[torch.Tensor] = None  # one coin per training image (alternating_flip)
         self.keep_on_device = keep_on_device
         self.train_subset = train_subset
+        self.virtual_devices = virtual_devices
         self.val_size = val_size
         self.train_set: Optional[InMemoryImages] = None
         self.val_set: Optional[InMemoryImages] = None  # the held-out images; None: validation is the test split
@@ -127,10 +122,6 @@ class FashionMNISTDataModule(LightningDataModule):
                 self.val_set = InMemoryImages(train.data[held_out], train.targets[held_out])
             kept = kept[: self.train_subset]  # the first n images left (all when there are fewer)
             self.train_set = InMemoryImages(train.data[kept], train.targets[kept])
-            if self.alternating_flip:
-                self.train_set.serve_indices = True
-                coins = torch.Generator().manual_seed(int(os.environ.get("PL_GLOBAL_SEED", 0)))
-                self._first_epoch_flips = torch.rand(len(kept), generator=coins) < 0.5
         if self.test_set is None:
             test = FashionMNIST(root, train=False, download=False)
             self.test_set = InMemoryImages(test.data, test.targets)
@@ -138,8 +129,6 @@ class FashionMNISTDataModule(LightningDataModule):
         for split in (self.train_set, self.val_set, self.test_set):
             if split is not None and split.device != device:
                 split.to(device)
-        if self._first_epoch_flips is not None:
-            self._first_epoch_flips = self._first_epoch_flips.to(device)
 
     def _resident_device(self) -> torch.device:
         """Where the splits live: the GPU this process trains on (with ``keep_on_device``), else host memory.
@@ -176,34 +165,19 @@ class FashionMNISTDataModule(LightningDataModule):
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    @property
-    def train_images(self) -> int:
-        """Images in the training split after ``setup("fit")`` (what the sampler shards): the batch plan's input."""
-        return len(self.train_set)
-
-    def _plan(self):
-        """The model's batch plan (lightning_modules/batch_plan.py); None for a model without one."""
-        return getattr(self.trainer.lightning_module, "batch_plan", None) if self.trainer is not None else None
-
     def _process_batch(self, per_device: int) -> int:
-        """Images per loader batch in this process for ``per_device`` images per device (``dp`` drives several GPUs
-        from one process); a model without a plan gets ``per_device``."""
-        plan = self._plan()
-        if plan is not None and plan.batch_size_per_device != self.batch_size:
-            raise MisconfigurationException(
-                f"data.batch_size ({self.batch_size}) and model.batch_size ({plan.batch_size_per_device}) differ: the "
-                f"loader and the learning-rate rule must use one batch; give both the same (the CLI links them)")
-        return per_device if plan is None else plan.loader_batch(per_device)
+        """Images per loader batch in this process for ``per_device`` images per device: ``dp`` drives several GPUs
+        from one process (the strategy says how many)."""
+        trainer = self.trainer
+        return per_device * getattr(trainer.strategy, "devices_per_process", 1) if trainer is not None else per_device
 
     def train_dataloader(self) -> DataLoader:
         """Disjoint shards of one DistributedSampler order for every world size (also 1), reshuffled each epoch: step i of
         N ranks at batch B trains on the images of step i of one process at N×B. The loader's position is checkpointed."""
         world_size, rank = self._world()
-        plan = self._plan()
-        virtual = plan.virtual_devices if plan is not None else 1
+        virtual = self.virtual_devices
         sampler = ResumableDistributedSampler(self.train_set, num_replicas=world_size * virtual, rank=rank * virtual,
-                                              shuffle=True, seed=int(os.environ.get("PL_GLOBAL_SEED", 0)),
-                                              virtual=virtual, batch=self.batch_size)
+                                              shuffle=True, seed=run_seed(), virtual=virtual, batch=self.batch_size)
         loader = self._loader(self.train_set, self._process_batch(self.batch_size) * virtual, shuffle=False,
                               sampler=sampler, loader_class=ResumableLoader)
         if self._resume_position is not None:
@@ -257,7 +231,7 @@ class FashionMNISTDataModule(LightningDataModule):
         """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there."""
         if not isinstance(batch, (tuple, list)):
             return batch  # the model summary's example input
-        images, targets, *indices = batch  # indices: from a split that serves them (alternating_flip)
+        images, targets = batch
         trainer = self.trainer
         if trainer is not None and trainer.training:
             loader = self._fitted_train_loader()
@@ -265,29 +239,16 @@ class FashionMNISTDataModule(LightningDataModule):
                 check_position(loader, trainer.current_epoch,
                                trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
-                images = self.augment(images, trainer, indices[0] if indices else None)
+                images = self.augment(images, trainer)
         return normalise(images), targets
 
-    def normalised_train_images(self, count: int) -> torch.Tensor:
-        """The first ``count`` training images (after the held-out ones are removed; the same on every rank and seed)
-        as the network sees them, on the host: data for an initialisation (the model's ``whitening_init``)."""
-        if self.train_set is None:
-            raise RuntimeError("normalised_train_images needs setup('fit') first")
-        return normalise(self.train_set.images[:count].cpu())
-
-    def augment(self, images: torch.Tensor, trainer, indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch);
-        with ``alternating_flip`` the flips follow the images' ``indices`` instead."""
+    def augment(self, images: torch.Tensor, trainer) -> torch.Tensor:
+        """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch)."""
         batch_index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        seed = augmentation_seed(
-            int(os.environ.get("PL_GLOBAL_SEED", 0)), trainer.global_rank, trainer.current_epoch, batch_index
-        )
+        seed = augmentation_seed(run_seed(), trainer.global_rank, trainer.current_epoch, batch_index)
         generator = batch_generator(images.device, seed)
         if self.random_crop_padding:
             images = random_crop(images, self.random_crop_padding, generator)
-        if self.alternating_flip:  # implies horizontal_flip (checked in __init__)
-            flip = self._first_epoch_flips[indices] ^ bool(trainer.current_epoch % 2)
-            images = torch.where(flip[:, None, None, None], images.flip(-1), images)
-        elif self.horizontal_flip:
+        if self.horizontal_flip:
             images = random_horizontal_flip(images, generator)
         return images

@@ -14,11 +14,6 @@ Batch = Tuple[torch.Tensor, torch.Tensor]
 class InMemoryImages(Dataset):
     """Images (N×28×28 uint8) and labels held as tensors; ``__getitems__`` serves a whole batch in one gather."""
 
-    # True: a batch also carries each image's index in the split (images, targets, indices), for augmentation that
-    # follows the image across epochs (the data module's alternating flip), which strips them on the device.
-    # A class default, so a split re-classed in place (tests/recorder.py) has it too.
-    serve_indices = False
-
     def __init__(self, images: torch.Tensor, targets: torch.Tensor) -> None:
         self.images = images.unsqueeze(1).contiguous()  # N×1×28×28, still uint8
         self.targets = targets
@@ -39,13 +34,11 @@ class InMemoryImages(Dataset):
     def __getitem__(self, index: int) -> Batch:
         return self.images[index], self.targets[index]
 
-    def __getitems__(self, indices: Sequence[int]) -> Tuple[torch.Tensor, ...]:
-        """(images, targets), and the indices too when ``serve_indices``."""
+    def __getitems__(self, indices: Sequence[int]) -> Batch:
+        """The whole batch in one gather."""
         index = torch.as_tensor(indices)
         if self.images.is_cuda:  # a plain copy to the GPU would wait for its queue to drain, every batch
             index = index.pin_memory().to(self.images.device, non_blocking=True)
-        if self.serve_indices:
-            return self.images[index], self.targets[index], index
         return self.images[index], self.targets[index]
 
 

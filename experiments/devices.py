@@ -51,7 +51,8 @@ def rule_flags(rule: str, args) -> List[str]:
         "warmup": [*sgd, "--lr_scaling", "linear", "--warmup_epochs", f"{args.warmup_epochs:g}"],
         "lars": ["--optimizer", "lars", "--lr", f"{args.lars_lr:g}", "--lr_scaling", "linear"],
         "lamb": ["--optimizer", "lamb", "--lr", f"{args.lamb_lr:g}", "--lr_scaling", "sqrt"],
-        "novograd": ["--optimizer", "novograd", "--lr", f"{args.novograd_lr:g}", "--lr_scaling", "sqrt"],
+        "novograd": ["--optimizer", "novograd", "--model.optimizer.init_args.grad_averaging", "true", "--lr",
+                     f"{args.novograd_lr:g}", "--lr_scaling", "sqrt"],
     }[rule]
 
 

@@ -1,5 +1,6 @@
-"""The LightningModule, the plain networks it wraps, and the optimizer / learning-rate rules."""
+"""The LightningModule, the plain networks it wraps, the learning-rate policy and the batch plan."""
 
 from lightning_modules.classifier import FashionMNISTClassifier
+from lightning_modules.lr_policy import LRPolicy
 
-__all__ = ["FashionMNISTClassifier"]
+__all__ = ["FashionMNISTClassifier", "LRPolicy"]

@@ -87,6 +87,11 @@ class GhostBatchNorm3d(_GhostBatchNorm, nn.BatchNorm3d):
         self.ghost_batch_size = ghost_batch_size
 
 
+def is_ghost(module: nn.Module) -> bool:
+    """Whether ``module`` is a batch-norm that :func:`use_ghost_batch_norm` put in."""
+    return isinstance(module, _GhostBatchNorm)
+
+
 _GHOST = {nn.BatchNorm1d: GhostBatchNorm1d, nn.BatchNorm2d: GhostBatchNorm2d, nn.BatchNorm3d: GhostBatchNorm3d}
 
 

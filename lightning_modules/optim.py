@@ -1,9 +1,10 @@
-"""Optimizers by name, the learning-rate scaling rule, warm-up and schedules, and gradient noise: the numbers users
-fight with, as pure functions tests can pin down (README, "Batch size and learning rate")."""
+"""The numbers users fight with, as pure functions tests can pin down (README, "Batch size and learning rate"): the
+learning-rate scaling rule, warm-up and schedules, the weight-decay groups, gradient noise, and the check that an
+optimizer given by class path can run."""
 
 import hashlib
 import math
-from typing import Dict, Iterable, List, Literal, Optional
+from typing import Callable, Dict, Iterable, List, Literal, Optional
 
 import torch
 from torch import nn
@@ -11,7 +12,6 @@ from torch import nn
 from lightning_modules.networks import NORM_LAYERS
 from strategies.fsdp import local_shard
 
-OptimizerName = Literal["sgd", "adamw", "novograd", "lamb", "lars"]
 ScalingRule = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["constant", "cosine", "step"]
 
@@ -26,19 +26,11 @@ def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: S
         return base_lr * ratio
     if rule == "sqrt":
         return base_lr * math.sqrt(ratio)
-    raise ValueError(f"unknown lr_scaling {rule!r}; choose one of: none, linear, sqrt")
+    raise ValueError(f"unknown lr_policy.scaling {rule!r}; choose one of: none, linear, sqrt")
 
 
-def lr_factor(
-    step: int,
-    *,
-    warmup_steps: int,
-    warmup_start_factor: float,
-    total_steps: int,
-    schedule: ScheduleName = "constant",
-    step_size: int = 1,
-    gamma: float = 0.1,
-) -> float:
+def lr_factor(step: int, *, warmup_steps: int, warmup_start_factor: float, total_steps: int,
+              schedule: ScheduleName = "constant", step_size: int = 1, gamma: float = 0.1) -> float:
     """Multiplier of the scaled learning rate at optimizer step ``step`` (0-based): a linear warm-up from
     ``warmup_start_factor`` to 1 over ``warmup_steps``, then the schedule counted from its end."""
     if step < warmup_steps:
@@ -51,56 +43,42 @@ def lr_factor(
         return 0.5 * (1.0 + math.cos(math.pi * min(after, span) / span))
     if schedule == "step":
         return gamma ** (after // max(1, step_size))
-    raise ValueError(f"unknown schedule {schedule!r}; choose one of: constant, cosine, step")
+    raise ValueError(f"unknown lr_policy.schedule {schedule!r}; choose one of: constant, cosine, step")
 
 
-def param_groups(model: nn.Module, weight_decay: float, lr: Optional[float] = None,
-                 bias_lr_scale: float = 1.0) -> List[Dict]:
-    """Weight decay skips biases and norm weights, decided by role, not shape (under FSDP every parameter is a flat
-    1-D shard); LARS also leaves those groups out of its trust ratio, as the papers do. ``bias_lr_scale`` != 1 gives
-    that group lr × scale (airbench trains biases faster: they are few and their gradients small)."""
+def param_groups(model: nn.Module) -> List[Dict]:
+    """The weights, which take the optimizer's own ``weight_decay``, then the biases and norm weights, which take none.
+    Decided by role, not shape (under FSDP every parameter is a flat 1-D shard); LARS also leaves the second group
+    out of its trust ratio, as the papers do."""
     decay, no_decay = [], []
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
             if param.requires_grad:
                 (no_decay if name == "bias" or isinstance(module, NORM_LAYERS) else decay).append(param)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-        if bias_lr_scale != 1.0:
-            if lr is None:
-                raise ValueError("param_groups: bias_lr_scale needs the lr it scales")
-            groups[-1]["lr"] = lr * bias_lr_scale
-    return groups
+    return [{"params": decay}] + ([{"params": no_decay, "weight_decay": 0.0}] if no_decay else [])
 
 
-def build_optimizer(
-    name: OptimizerName,
-    params: Iterable,
-    lr: float,
-    momentum: float = 0.0,
-    nesterov: bool = False,
-) -> torch.optim.Optimizer:
-    """Optimizer by its config name; weight decay comes per group from :func:`param_groups`.
+OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 
-    NovoGrad uses ``grad_averaging=True`` as the DLI workshop did; LAMB, LARS and
-    NovoGrad come from torch-optimizer (core PyTorch has none of them).
-    """
-    if name == "sgd":
-        if nesterov and momentum <= 0:
-            raise ValueError("nesterov=true needs momentum > 0 (e.g. --model.momentum 0.9)")
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=nesterov)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    import torch_optimizer  # imported only when asked for: it is slow to import and rarely used
 
-    if name == "novograd":
-        return torch_optimizer.NovoGrad(params, lr=lr, grad_averaging=True)
-    if name == "lamb":
-        return torch_optimizer.Lamb(params, lr=lr)
-    if name == "lars":
-        return torch_optimizer.LARS(params, lr=lr, momentum=momentum, nesterov=nesterov)
-    raise ValueError(f"unknown optimizer {name!r}; choose one of: sgd, adamw, novograd, lamb, lars")
+def check_optimizer(factory: OptimizerFactory) -> torch.optim.Optimizer:
+    """Build the optimizer over one throw-away parameter, so that a value it refuses (a negative lr, nesterov without
+    momentum...) or one that cannot train (a learning rate or momentum that is not finite, momentum >= 1) fails at
+    start-up in one line, whatever the optimizer. Returns that optimizer; raises ValueError."""
+    try:
+        optimizer = factory([nn.Parameter(torch.zeros(1))])
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise ValueError(f"model.optimizer cannot be built: {' '.join(str(error).split())}") from error
+    settings = optimizer.defaults
+    if not isinstance(settings.get("lr"), (int, float)) or not settings["lr"] > 0:
+        raise ValueError(f"model.optimizer needs a learning rate > 0 (lr), got {settings.get('lr')!r}")
+    for key, value in settings.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"model.optimizer's {key} must be a finite number, got {value}")
+    momentum = settings.get("momentum")
+    if isinstance(momentum, (int, float)) and not 0 <= momentum < 1:
+        raise ValueError(f"model.optimizer's momentum must be >= 0 and < 1 (e.g. 0.9), got {momentum}")
+    return optimizer
 
 
 def grad_noise_variance(step: int, eta: float, gamma: float = 0.55) -> float:
@@ -116,9 +94,8 @@ def grad_noise_seed(seed: int, step: int, stream: int = 0) -> int:
 
 
 @torch.no_grad()
-def add_gradient_noise(
-    params: Iterable[torch.nn.Parameter], step: int, eta: float, gamma: float = 0.55, seed: int = 0, stream: int = 0
-) -> float:
+def add_gradient_noise(params: Iterable[torch.nn.Parameter], step: int, eta: float, gamma: float = 0.55,
+                       seed: int = 0, stream: int = 0) -> float:
     """Add N(0, η/(1+t)^γ) to every gradient, drawn from a generator seeded by step: called after ddp's all-reduce,
     every rank adds the same noise and the replicas stay identical. Returns the standard deviation."""
     std = math.sqrt(grad_noise_variance(step, eta, gamma))

@@ -6,10 +6,10 @@ breaks one test with a clear message instead of six modules at run time. Why eac
 docs/reliability.md.
 """
 
-from typing import Any, Dict, List, Set
+from typing import Any, Dict, List
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.core.mixins import hparams_mixin
 from lightning.pytorch.loggers import TensorBoardLogger
 
 CHECKED_AGAINST = "2.6.6"
@@ -34,15 +34,6 @@ def recreate_train_iterator(trainer: Trainer) -> None:
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:
         iter(fetcher)
-
-
-def last_checkpoint_files(trainer: Trainer) -> Set[str]:
-    """The ``last*.ckpt`` files Lightning itself would consider for ``--ckpt_path last``."""
-    found: Set[str] = set()
-    for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint):
-            found |= callback._find_last_checkpoints(trainer)
-    return found
 
 
 def tensorboard_writer_open(logger: TensorBoardLogger) -> bool:
@@ -94,6 +85,12 @@ def shard_over_every_rank(strategy) -> None:
     strategy._tensor_parallel_size = 1
 
 
+def hparams_from_config() -> bool:
+    """Whether the LightningModule being built gets its hyperparameters from LightningCLI's config (class paths and
+    plain values) rather than from the objects passed in Python."""
+    return hparams_mixin._given_hyperparameters.get() is not None
+
+
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
     return {key: value for key, value in params.items() if key not in CLI_PRIVATE_KEYS}
 
@@ -113,7 +110,7 @@ def _required() -> List[tuple]:
     return [
         (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
         (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
-        (trainer.fit_loop, "_data_fetcher"), (ModelCheckpoint, "_find_last_checkpoints"),
+        (trainer.fit_loop, "_data_fetcher"), (hparams_mixin, "_given_hyperparameters"),
         (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
         (ModelParallelStrategy(), "_tensor_parallel_size"),

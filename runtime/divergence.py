@@ -148,7 +148,7 @@ class DivergenceGuard(Participant):
 
     def _at_chance(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         accuracy = trainer.callback_metrics.get(self.monitor) if point == VALIDATION else None
-        warmup = float(getattr(pl_module.hparams, "warmup_epochs", 0.0) or 0.0)
+        warmup = float(getattr(getattr(pl_module, "lr_policy", None), "warmup_epochs", 0.0) or 0.0)
         limit = trainer.limit_train_batches
         smoke_test = (isinstance(limit, int) and not isinstance(limit, bool)) or (limit is not None and limit < 1.0)
         if accuracy is None or smoke_test or not past_warmup(trainer.current_epoch + self._epoch_fraction(trainer), warmup,
@@ -186,10 +186,14 @@ class DivergenceGuard(Participant):
                     f"{trainer.current_epoch + 1} (optimizer step {now}), at chance (<= {self.chance_accuracy:g}) "
                     f"{self.epochs_after_warmup:g} epoch(s) after warm-up ended")
         no_checkpoint_on_exception(trainer)
-        base_lr = getattr(pl_module.hparams, "base_lr", None)
-        plan = getattr(pl_module, "batch_plan", None)
-        scaled = (plan.scaled_lr, plan.effective_batch_size) if plan is not None else (None, None)
+        if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
+            for logger in trainer.loggers:
+                logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)
+                logger.save()
+        rates, plan = getattr(pl_module, "learning_rates", None), getattr(pl_module, "batch_plan", None)
+        lrs = (rates.base_lr, rates.scaled_lr) if rates is not None else (None, None)
+        effective = plan.effective_batch_size if plan is not None else None
         where = f" at step {now}" if first >= 0 or weight_index >= 0 else ""
         raise TrainingDiverged(f"{what}; stopped on every rank{where}, no checkpoint written of these weights; "
-                               f"{advice(base_lr, is_fsdp(trainer.strategy), *scaled)}",
+                               f"{advice(lrs[0], is_fsdp(trainer.strategy), lrs[1], effective)}",
                                rank=trainer.global_rank, children=compat.release_children(trainer))

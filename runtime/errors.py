@@ -5,6 +5,7 @@ one line on stderr and the code below, never a traceback. Anything not in the ta
 traceback (exit 1): that is a bug to report.
 """
 
+import re
 import subprocess
 import sys
 import time
@@ -79,6 +80,11 @@ class CheckpointCorruptError(UserFacingError, ValueError):
         self.reason = reason
 
 
+class CheckpointRefused(UserFacingError):
+    """A checkpoint that would make the run import a module (a class path of a module not imported): not loaded."""
+    exit_code = ExitCode.CHECKPOINT
+
+
 class OutputNotWritableError(UserFacingError, OSError):
     """A folder the run must write to (logs, checkpoints) is a file, or not writable."""
     exit_code = ExitCode.CANT_CREATE
@@ -143,6 +149,13 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
+def _without_type_dump(line: str) -> str:
+    """jsonargparse's message about a class path's argument, without the type it checked and the whole value it got
+    (``Type typing.Callable[...] expects ...: ``, ``Got value: Namespace(...)``): what is wrong stays."""
+    line = re.sub(r"Type typing\.Callable\[.*?\] expects a function or a callable class: ", "", line)
+    return re.sub(r"\.? Got value: Namespace\(.*\)$", ".", line)
+
+
 def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional[UserFacingError]:
     """The table's entry for ``error``: itself, or the user-facing error a foreign exception stands for; None for a bug.
 
@@ -151,7 +164,9 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
     """
     if isinstance(error, UserFacingError):
         return error
-    if isinstance(error, (ArgumentError, MisconfigurationException)):
+    if isinstance(error, ArgumentError):
+        return ConfigError(_without_type_dump(one_line(error)))
+    if isinstance(error, MisconfigurationException):
         return ConfigError(one_line(error))
     if isinstance(error, KeyboardInterrupt):
         return Interrupted("interrupted (Ctrl-C)")

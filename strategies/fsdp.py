@@ -6,7 +6,8 @@ LARS and LAMB compute their per-layer norms on DTensors, that is over the whole 
 (tests/test_fsdp.py). NovoGrad keeps a plain tensor beside DTensor parameters and fails: refused. docs/strategies.md.
 """
 
-from typing import Any
+import importlib
+from typing import Any, Optional
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -15,7 +16,8 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 
-UNSHARDABLE_OPTIMIZERS = ("novograd",)  # its state mixes plain tensors with DTensors: torch refuses
+# Optimizers whose state mixes plain tensors with fsdp's DTensors, which torch refuses.
+UNSHARDABLE_OPTIMIZERS = ("torch_optimizer.NovoGrad",)
 # Lightning refuses any strategy *named* fsdp without a GPU (its FSDP1 check): on CPU the CLI names ours so.
 CPU_NAME = "fsdp_cpu"
 
@@ -51,6 +53,17 @@ class FullyShardedStrategy(ModelParallelStrategy):
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """The part of ``tensor`` this rank holds: its shard of a DTensor (FSDP2), else the tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def unshardable_optimizer(optimizer_class: type) -> Optional[str]:
+    """The class path of the optimizer in UNSHARDABLE_OPTIMIZERS that ``optimizer_class`` is (or derives from), else
+    None."""
+    for path in UNSHARDABLE_OPTIMIZERS:
+        module, _, name = path.rpartition(".")
+        unshardable = getattr(importlib.import_module(module), name)
+        if isinstance(optimizer_class, type) and issubclass(optimizer_class, unshardable):
+            return path
+    return None
 
 
 def is_fsdp(strategy: Any) -> bool:

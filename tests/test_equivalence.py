@@ -11,7 +11,7 @@ pytestmark = pytest.mark.multiprocess
 
 DDP2 = ("--strategy", "ddp", "--devices", "2")
 # SGD with momentum and weight decay, so the test covers optimizer state too.
-MOMENTUM = ("--optimizer", "sgd", "--lr", "0.05", "--model.base_batch_size", "32")
+MOMENTUM = ("--optimizer", "sgd", "--lr", "0.05", "--model.lr_policy.base_batch_size", "32")
 
 
 def test_two_ranks_at_batch_b_reach_the_weights_of_one_process_at_batch_2b(strategy_runs):
@@ -25,8 +25,8 @@ def test_two_ranks_at_batch_b_reach_the_weights_of_one_process_at_batch_2b(strat
 
 
 def _plain_sgd(lr: float):
-    return ("--optimizer", "sgd", "--model.momentum", "0", "--model.weight_decay", "0",
-            "--lr", str(lr), "--model.base_batch_size", "16", "--batch_size", "16")
+    return ("--optimizer", "sgd", "--model.optimizer.init_args.momentum", "0", "--model.optimizer.init_args.weight_decay", "0",
+            "--lr", str(lr), "--model.lr_policy.base_batch_size", "16", "--batch_size", "16")
 
 
 @pytest.mark.parametrize("lr", [0.02])

@@ -4,7 +4,7 @@ checkpoints (the layer-wise optimizers: tests/test_fsdp_optimizers.py)."""
 import pytest
 import torch
 
-from tests.conftest import run_train
+from tests.conftest import run_train, experiment_dir
 from tests.test_equivalence import DDP2, MOMENTUM
 
 pytestmark = pytest.mark.multiprocess
@@ -25,7 +25,7 @@ def ddp(strategy_runs):
 
 
 def test_fsdp_on_cpu_runs_fsdp2_over_gloo(fsdp):
-    assert "strategy fsdp, backend gloo" in fsdp.output and "FSDPSequential" in fsdp.output  # fully_shard's class
+    assert "strategy fsdp, backend gloo" in fsdp.output and "FSDPMLP" in fsdp.output  # fully_shard's class
     assert "test/acc" in fsdp.output  # the test after fit, on the sharded model
 
 
@@ -45,7 +45,7 @@ def test_fsdp_trains_exactly_like_ddp(fsdp, ddp):
 
 
 def test_a_checkpoint_saved_under_fsdp_loads_in_a_single_process(fsdp, fashion_root):
-    checkpoint = fsdp.cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt"
+    checkpoint = experiment_dir(fsdp.cwd) / "checkpoints" / "last.ckpt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
     assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in fsdp.weights.items()}
     assert all(torch.equal(saved[k], fsdp.weights[k]) for k in saved)  # full, unsharded weights

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 DDP2 = ("--strategy", "ddp", "--devices", "2")
-MOMENTUM = ("--optimizer", "sgd", "--lr", "0.05", "--model.base_batch_size", "32")  # as tests/test_equivalence.py
-NOISE = ("--model.grad_noise_eta", "0.01", "--trainer.callbacks+=tests.recorder.RankWeights")
+MOMENTUM = ("--optimizer", "sgd", "--lr", "0.05", "--model.lr_policy.base_batch_size", "32")  # as tests/test_equivalence.py
+NOISE = ("--trainer.callbacks+=callbacks.GradientNoise", "--trainer.callbacks.eta", "0.01",
+         "--trainer.callbacks+=tests.recorder.RankWeights")
 
 
 @pytest.mark.multiprocess
@@ -21,5 +22,6 @@ def test_ddp_replicas_stay_identical_with_gradient_noise_added_after_the_all_red
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)  # bit-identical replicas
     # The noise did something, and it is the noise one process adds at the effective batch.
     assert noisy.distance(strategy_runs.get(*DDP2, "--batch_size", "16", *MOMENTUM)) > 1e-3
-    one = strategy_runs.get("--devices", "1", "--batch_size", "32", *MOMENTUM, "--model.grad_noise_eta", "0.01")
+    one = strategy_runs.get("--devices", "1", "--batch_size", "32", *MOMENTUM, "--trainer.callbacks+=callbacks.GradientNoise",
+                              "--trainer.callbacks.eta", "0.01")
     assert noisy.distance(one) < 1e-5

@@ -15,7 +15,7 @@ def test_a_default_run_reads_the_device_at_most_once_per_10_steps(tmp_path):
     data = write_fashion_mnist(tmp_path / "data", n_train=2 * STEPS_PER_EPOCH)
     out = tmp_path / "reads.json"
     # The default recipe, its learning rate known at batch 128 and scaled (linearly) to batch 2.
-    argv = ["-m", "tests.host_reads", str(out), "--data_dir", str(data), "--batch_size", "2", "--model.base_batch_size", "128",
+    argv = ["-m", "tests.host_reads", str(out), "--data_dir", str(data), "--batch_size", "2", "--model.lr_policy.base_batch_size", "128",
             "--trainer.callbacks+=tests.host_reads.PerBatch"]
     (job,) = start_all([("default_run", argv, tmp_path, clean_env({"PYTHONPATH": str(REPO)}))], tmp_path / "logs")
     assert wait_all([job], 600) is None

@@ -1,13 +1,26 @@
 """The unit tier: no subprocess, no process group; whole runs only in-process on the tiny data (``make test-unit``)."""
 
 import signal
+from functools import partial
 
 import pytest
+import torch
 from lightning.pytorch import Trainer
 
 from datamodules import FashionMNISTDataModule
-from lightning_modules import FashionMNISTClassifier
+from cli.checks import import_class
+from cli.shorthand import CLASS_NAMES
+from lightning_modules import FashionMNISTClassifier, LRPolicy
 from runtime import preemption
+
+
+def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD, momentum: float = 0.9,
+               weight_decay: float = 5e-4, lr_policy: LRPolicy = LRPolicy(), **kwargs) -> FashionMNISTClassifier:
+    """configs/default.yaml's model built in Python: ``network`` by its short name, SGD with momentum unless
+    ``optimizer`` says otherwise (then ``momentum`` is not passed)."""
+    args = dict(lr=lr, weight_decay=weight_decay, **({"momentum": momentum} if optimizer is torch.optim.SGD else {}))
+    return FashionMNISTClassifier(import_class(CLASS_NAMES["--model.network"][network])(),
+                                  partial(optimizer, **args), lr_policy, **kwargs)
 
 
 @pytest.fixture
@@ -26,7 +39,7 @@ def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="m
     """Fit the mlp on the tiny data (256 images: 8 steps per epoch at batch 32) in this process; returns the trainer.
 
     ``install``: a function called with the trainer before fit (e.g. ``runtime.install``); ``model_args``: more
-    FashionMNISTClassifier arguments; ``data_args``: more FashionMNISTDataModule arguments."""
+    :func:`classifier` arguments; ``data_args``: more FashionMNISTDataModule arguments."""
     settings = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
                     enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(folder))
     settings.update(trainer_args)
@@ -34,5 +47,5 @@ def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="m
     if install is not None:
         install(trainer)
     data = FashionMNISTDataModule(data_dir=str(root), batch_size=batch_size, download=False, **(data_args or {}))
-    trainer.fit(FashionMNISTClassifier(batch_size=batch_size, network=network, base_lr=lr, **(model_args or {})), datamodule=data)
+    trainer.fit(classifier(network, lr, batch_size=batch_size, **(model_args or {})), datamodule=data)
     return trainer

@@ -1,47 +1,62 @@
-"""The batch plan: one object holds the batch and learning-rate numbers, and its step counts are Lightning's."""
+"""The batch plan and the learning-rate policy: the batch and learning-rate numbers users otherwise derive by hand, and
+step counts that are Lightning's own."""
 
 import pytest
+import torch
 from lightning.pytorch import Callback, Trainer
 
 from datamodules import FashionMNISTDataModule
-from lightning_modules import FashionMNISTClassifier
-from lightning_modules.batch_plan import BatchPlan, batches_per_epoch, format_plan
+from lightning_modules import LRPolicy
+from lightning_modules.batch_plan import BatchPlan
+from tests.unit.conftest import classifier
 
 
 def plan(**overrides) -> BatchPlan:
-    settings = dict(batch_size_per_device=128, devices=1, num_nodes=1, world_size=1, accumulate=1,
-                    devices_per_process=1, base_lr=0.05, base_batch_size=None, lr_scaling="linear",
-                    warmup_epochs=0.0, train_images=60000, max_epochs=3)
+    settings = dict(batch_size_per_device=128, devices_per_process=1, devices=1, virtual_devices=1, num_nodes=1,
+                    world_size=1, accumulate_grad_batches=1, steps_per_epoch=469, total_steps=1407)
     settings.update(overrides)
-    return BatchPlan.build(**settings)
+    return BatchPlan(**settings)
 
 
 def test_effective_batch_counts_devices_nodes_and_accumulation_and_scales_the_lr():
-    p = plan(devices=4, num_nodes=2, world_size=8, accumulate=3)
+    p = plan(devices=4, num_nodes=2, world_size=8, accumulate_grad_batches=3)
     assert p.effective_batch_size == 128 * 4 * 2 * 3 == 3072
-    assert p.base_batch_size == 128 and p.scaled_lr == pytest.approx(0.05 * 24)
-    assert plan(lr_scaling="sqrt", devices=4, world_size=4).scaled_lr == pytest.approx(0.1)
-    assert plan(base_batch_size=256, devices=4, world_size=4).scaled_lr == pytest.approx(0.1)
+    rates = LRPolicy().learning_rates(0.05, p)
+    assert rates.base_batch_size == 128 and rates.scaled_lr == pytest.approx(0.05 * 24)
+    assert LRPolicy(scaling="sqrt").learning_rates(0.05, plan(devices=4)).scaled_lr == pytest.approx(0.1)
+    assert LRPolicy(base_batch_size=256).learning_rates(0.05, plan(devices=4)).scaled_lr == pytest.approx(0.1)
+    assert LRPolicy(scaling="none").learning_rates(0.05, plan(devices=4)).scaled_lr == 0.05
 
 
 def test_dp_drives_several_gpus_from_one_process():
-    p = plan(devices=3, world_size=1, devices_per_process=3)
-    assert (p.batch_size_per_process, p.effective_batch_size, p.loader_batch(1000)) == (384, 384, 3000)
-    assert p.steps_per_epoch == batches_per_epoch(60000, 1, 384) == 157
+    p = plan(devices=3, devices_per_process=3)
+    assert (p.batch_size_per_process, p.effective_batch_size) == (384, 384)
 
 
-def test_steps_and_warmup_of_the_default_run():
-    p = plan(warmup_epochs=0.5)
-    assert (p.steps_per_epoch, p.total_steps, p.warmup_steps) == (469, 1407, 234)
-    assert plan(train_images=None).total_steps == 0  # not fitting
-    assert plan(max_steps=100).total_steps == 100 and plan(max_epochs=-1).total_steps == 0
-    assert "128 per device x 1 x 1 x accumulate 1 = effective 128" in format_plan(p, "cpu", "ddp", "gloo", "sgd", "cosine")
+def test_warmup_steps_and_the_start_block_lines():
+    p = plan()
+    rates = LRPolicy(warmup_epochs=0.5, schedule="cosine").learning_rates(0.05, p)
+    assert rates.warmup_steps == 234 and rates.warmup_start_lr == 0.05
+    assert p.describe() == "128 per device x 1 x 1 x accumulate 1 = effective 128"
+    assert "warm-up         : 234 optimizer steps (469 per epoch), then cosine" in rates.describe(p)
 
 
-def test_batches_per_epoch_pads_shards_and_applies_lightnings_limits():
-    assert batches_per_epoch(101, 2, 10) == 6  # 51 per rank
-    assert batches_per_epoch(256, 1, 32, limit=3) == 3 and batches_per_epoch(256, 1, 32, limit=0.5) == 4
-    assert batches_per_epoch(256, 1, 32, limit=1.0) == 8 and batches_per_epoch(256, 1, 32, limit=100) == 8
+def test_the_policy_sets_the_scaled_lr_and_warms_up_from_the_start_lr_per_step():
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    rates, schedule = LRPolicy(scaling="linear", warmup_epochs=1, warmup_start_lr=0.01).apply(
+        optimizer, plan(batch_size_per_device=32, devices=2, steps_per_epoch=5, total_steps=10))
+    assert rates.scaled_lr == pytest.approx(0.2)
+    lrs = []
+    for _ in range(7):
+        lrs.append(schedule.get_last_lr()[0])
+        optimizer.step()
+        schedule.step()
+    assert lrs[0] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.2) and lrs == sorted(lrs)
+
+
+def test_a_policy_value_that_is_not_finite_is_refused():
+    with pytest.raises(ValueError, match="model.lr_policy.warmup_epochs must be a finite number"):
+        LRPolicy(warmup_epochs=float("inf"))
 
 
 class _CompareWithLightning(Callback):
@@ -53,22 +68,21 @@ class _CompareWithLightning(Callback):
 
 @pytest.mark.parametrize("trainer_args", [
     dict(max_epochs=3), dict(max_epochs=2, limit_train_batches=3), dict(max_epochs=2, limit_train_batches=0.5),
-    dict(max_epochs=3, accumulate_grad_batches=3), dict(max_epochs=3, max_steps=5),
-], ids=["plain", "limit-int", "limit-float", "accumulate", "max-steps"])
-def test_step_counts_equal_lightnings_estimate(fashion_root, workdir, trainer_args):
+    dict(max_epochs=3, accumulate_grad_batches=3), dict(max_epochs=3, max_steps=5), dict(max_epochs=-1, max_steps=7),
+], ids=["plain", "limit-int", "limit-float", "accumulate", "max-steps", "no-epoch-limit"])
+def test_step_counts_are_lightnings_estimate(fashion_root, workdir, trainer_args):
     compare = _CompareWithLightning()
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, limit_val_batches=0,
                       enable_progress_bar=False, enable_model_summary=False, callbacks=[compare], **trainer_args)
     data = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=32, download=False)
-    trainer.fit(FashionMNISTClassifier(batch_size=32, network="mlp"), datamodule=data)
+    trainer.fit(classifier("mlp", batch_size=32), datamodule=data)
     total, estimated, per_epoch, batches = compare.seen
     accumulate = trainer_args.get("accumulate_grad_batches", 1)
-    assert total == estimated and per_epoch == -(-batches // accumulate), compare.seen
+    assert total == estimated and per_epoch == -(-batches // accumulate) > 0, compare.seen
 
 
 def test_virtual_devices_count_in_the_batch_and_the_lr_rule_but_not_in_the_world():
-    p = plan(virtual_devices=8, lr_scaling="linear")
+    p = plan(virtual_devices=8)
     assert (p.world_size, p.batch_size_per_process, p.effective_batch_size) == (1, 1024, 1024)
-    assert p.scaled_lr == pytest.approx(0.4) and p.steps_per_epoch == batches_per_epoch(60000, 8, 128) == 59
-    assert "128 per device x 1 x 8 virtual x 1 x accumulate 1 = effective 1024" in format_plan(p, "cpu", "auto",
-                                                                                               "none", "sgd", "constant")
+    assert LRPolicy().learning_rates(0.05, p).scaled_lr == pytest.approx(0.4)
+    assert p.describe() == "128 per device x 1 x 8 virtual x 1 x accumulate 1 = effective 1024"

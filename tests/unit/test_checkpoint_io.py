@@ -110,7 +110,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_with_one_line_and_exit_66(c
 
 def test_ckpt_path_last_never_runs_a_crafted_last_checkpoint(capsys, workdir, fashion_root):
     ran = workdir / "payload-ran"
-    crafted(workdir / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt", ran)
+    crafted(workdir / "runs" / "cnn-single-1x128-sgd" / "checkpoints" / "last.ckpt", ran)
     code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", "last"])
     assert code == 66 and "could run code when loaded" in capsys.readouterr().err
     assert not ran.exists()

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from cli import app as train
+from cli.checkpoint_hparams import flat
 from tests.conftest import REPO
 
 CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
@@ -28,30 +29,37 @@ def test_shorthand_and_full_keys_give_the_same_config(capsys, workdir):
         capsys,
         ["fit", "--trainer.strategy", "ddp", "--trainer.devices", "4", "--trainer.accelerator", "cpu",
          "--trainer.num_nodes", "2", "--trainer.precision", "bf16-mixed", "--trainer.max_epochs", "7",
-         "--data.batch_size", "64", "--model.base_lr", "0.2", "--model.optimizer", "lamb", "--seed_everything", "3"],
+         "--data.batch_size", "64", "--model.optimizer.init_args.lr", "0.2", "--model.optimizer",
+         "torch_optimizer.Lamb", "--seed_everything", "3"],
     )
     assert short == full
     assert short["trainer"]["strategy"] == "ddp" and short["trainer"]["max_epochs"] == 7
-    assert short["data"]["batch_size"] == 64 and short["model"]["base_lr"] == 0.2 and short["seed_everything"] == 3
+    assert short["data"]["batch_size"] == 64 and short["seed_everything"] == 3
+    optimizer = short["model"]["optimizer"]
+    assert optimizer["class_path"] == "torch_optimizer.Lamb" and optimizer["init_args"]["lr"] == 0.2
+    assert optimizer["init_args"]["weight_decay"] == 0.0005  # carried over from the default SGD; its momentum not
 
 
-def test_default_config_is_loaded_without_flags_and_names_tensorboard(capsys, workdir):
+def test_default_config_is_loaded_without_flags(capsys, workdir):
     config = printed_config(capsys, [])
-    assert config["trainer"]["logger"]["class_path"] == "lightning.pytorch.loggers.TensorBoardLogger"
+    assert config["trainer"]["default_root_dir"] == "runs" and config["trainer"]["logger"] is None  # ours: run-named
     callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
     assert "callbacks.ThroughputReport" in callbacks and "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
-    assert config["model"]["network"] == "cnn" and config["data"]["batch_size"] == 128
+    assert config["model"]["network"]["class_path"] == "lightning_modules.networks.SmallCNN"
+    assert config["model"]["optimizer"] == {"class_path": "torch.optim.SGD", "init_args": {
+        "lr": 0.05, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0005, "nesterov": False, "maximize": False,
+        "foreach": None, "differentiable": False, "fused": None}}
+    assert config["data"]["batch_size"] == 128
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_yaml_in_configs_loads(capsys, workdir, config):
     loaded = printed_config(capsys, ["--config", str(REPO / config)])
     overrides = yaml.safe_load(Path(REPO / config).read_text())
-    for section, values in overrides.items():
-        if isinstance(values, dict):
-            for key, value in values.items():
-                if not isinstance(value, (dict, list)):
-                    assert str(loaded[section][key]) == str(value), f"{config}: {section}.{key}"
+    given, printed = flat(overrides), flat(loaded)
+    for key, value in given.items():
+        if not isinstance(value, list):
+            assert str(printed[key]) == str(value), f"{config}: {key}"
 
 
 def test_recipe_and_strategy_files_stack_later_wins(capsys, workdir):
@@ -60,8 +68,9 @@ def test_recipe_and_strategy_files_stack_later_wins(capsys, workdir):
         ["--config", str(REPO / "configs/recipes/sgd.yaml"), "--config", str(REPO / "configs/strategy/ddp.yaml"),
          "--network", "cnn"],
     )
-    assert config["trainer"]["strategy"] == "ddp" and config["model"]["base_lr"] == 0.01
-    assert config["model"]["network"] == "cnn" and config["data"]["batch_size"] == 32
+    assert config["trainer"]["strategy"] == "ddp" and config["model"]["optimizer"]["init_args"]["lr"] == 0.01
+    assert config["model"]["network"]["class_path"] == "lightning_modules.networks.SmallCNN"
+    assert config["data"]["batch_size"] == 32
 
 
 def test_help_lists_the_shorthand_flags(capsys, workdir):
@@ -80,13 +89,13 @@ BAD_VALUES = [
     (["--epochs", "0"], "trainer.max_epochs (--epochs) must be >= 1"),
     (["--epochs", "two"], "trainer.max_epochs"),
     (["--batch_size", "0"], "data.batch_size"),
-    (["--lr", "-1"], "model.base_lr"),
-    (["--lr", "nan"], "model.base_lr"),
-    (["--lr", "inf"], "model.base_lr must be a finite number"),
-    (["--optimizer", "adam"], "model.optimizer"),
-    (["--network", "vgg"], "model.network"),
-    (["--lr_scaling", "cubic"], "model.lr_scaling"),
-    (["--warmup_epochs", "-1"], "model.warmup_epochs"),
+    (["--lr", "-1"], "--lr must be a number > 0 (the base learning rate, e.g. --lr 0.05); got -1"),
+    (["--lr", "nan"], "--lr must be a number > 0"),
+    (["--lr", "inf"], "--lr must be a number > 0"),
+    (["--optimizer", "adam"], "unknown optimizer 'adam': choose one of sgd, adamw, novograd, lamb, lars, or give a class path"),
+    (["--network", "vgg"], "unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, resnet18"),
+    (["--lr_scaling", "cubic"], "model.lr_policy.scaling"),
+    (["--warmup_epochs", "-1"], "model.lr_policy.warmup_epochs"),
     (["--seed", "abc"], "seed_everything"),
     (["--deterministic", "maybe"], "trainer.deterministic"),
     (["--target_accuracy", "1.5"], "stop_at_target.target_accuracy"),
@@ -103,11 +112,18 @@ BAD_VALUES = [
     (["--trainer.accumulate_grad_batches", "-2"], "trainer.accumulate_grad_batches is -2"),
     (["--epochs", "-5"], "trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got -5"),
     (["--batch_size", "-3"], "data.batch_size"),
-    (["--lr", "0"], "model.base_lr"),
-    (["--warmup_epochs", "inf"], "model.warmup_epochs must be a finite number"),
-    (["--model.momentum", "inf"], "model.momentum must be a finite number"),
+    (["--lr", "0"], "--lr must be a number > 0"),
+    (["--warmup_epochs", "inf"], "model.lr_policy.warmup_epochs must be a finite number"),
+    (["--model.optimizer.init_args.momentum", "inf"],
+     'Parser key "model.optimizer": Parser key "momentum": Expected a <class \'float\'>. Got value: inf.'),
     (["--model.label_smoothing", "2"], "model.label_smoothing must be between 0 and 1"),
-    (["--model.momentum", "1.5"], "model.momentum must be >= 0 and < 1"),
+    (["--model.optimizer.init_args.momentum", "1.5"], "model.optimizer's momentum must be >= 0 and < 1"),
+    (["--model.optimizer.init_args.lr", "-1"], "--model.optimizer.init_args.lr must be a number > 0"),
+    (["--model.optimizer.lr", "-1"], "model.optimizer cannot be built: Invalid learning rate: -1.0"),
+    (["--model.optimizer.init_args.nesterov", "true", "--model.optimizer.init_args.momentum", "0"],
+     "model.optimizer cannot be built: Nesterov momentum requires a momentum and zero dampening"),
+    (["--optimizer", "adamw", "--model.optimizer.init_args.betas", "[0.9, 1.5]"],
+     "model.optimizer cannot be built: Invalid beta parameter at index 1: 1.5"),
     (["--check_every_n_steps", "0"], "check_every_n_steps"),
     (["--config", "missing.yaml"], "File does not exist"),
     (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
@@ -144,7 +160,7 @@ def test_checkpoint_keyword_without_a_checkpoint_exits_66(capsys, workdir, fashi
     code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", keyword])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
-    folder = workdir / "runs" / "fashion_mnist" / "checkpoints"
+    folder = workdir / "runs" / "cnn-single-1x128-sgd" / "checkpoints"
     assert code == 66
     assert len(errors) == 1 and message.format(folder=folder) in errors[0], err
     assert not (workdir / "runs").exists()
@@ -155,7 +171,7 @@ def test_log_folder_that_is_a_file_exits_73_before_anything_runs(capsys, workdir
     code = train.main(["--data_dir", str(fashion_root)])
     err = capsys.readouterr().err
     assert code == 73
-    assert f"train.py: error: trainer.logger.init_args.save_dir is runs, which cannot be written: " \
+    assert f"train.py: error: trainer.default_root_dir is runs, which cannot be written: " \
         f"{workdir / 'runs'} is a file, not a folder" in err, err
     assert (workdir / "runs").read_text() == "not a folder"
 

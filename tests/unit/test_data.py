@@ -8,8 +8,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import Callback, seed_everything
 
 from cli import app as train
 from cli.app import main
@@ -19,7 +17,6 @@ from datamodules.files import default_data_dir, torchvision_root
 from datamodules.in_memory import InMemoryImages, stratified_holdout
 from runtime.errors import ConfigError, CorruptDataError
 from tests.idx_files import sample_ids
-from tests.unit.conftest import tiny_fit
 
 
 def normalised(images: torch.Tensor) -> torch.Tensor:
@@ -141,10 +138,10 @@ def test_validation_on_held_out_images_sees_each_once_and_none_of_them_is_traine
     seen_val, seen_train = [], []
     for rank in range(world_size):
         data = FashionMNISTDataModule(data_dir=str(fashion_root), val_size=40, eval_batch_size=7, download=False)
-        data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank, lightning_module=None,
+        data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank,
                                        strategy=SimpleNamespace(root_device=torch.device("cpu")), training=False)
         data.setup("fit")
-        assert not data.validates_on_test_split and data.train_images == 256 - 40
+        assert not data.validates_on_test_split and len(data.train_set) == 256 - 40
         seen_val += [i for images, _ in data.val_dataloader() for i in sample_ids(normalised(images))]
         seen_train += [i for images, _ in data.train_dataloader() for i in sample_ids(normalised(images))]
     assert sorted(seen_val) == sorted(set(seen_val)) and len(seen_val) == 40  # each held-out image once
@@ -157,35 +154,3 @@ def test_the_test_after_fit_uses_the_last_epoch_when_validation_is_the_test_spli
     assert "train.py: testing the last epoch's weights: validation used the test split" in capsys.readouterr().out
     assert main([*args, "--data.val_size", "50"]) == 0
     assert "testing the last epoch" not in capsys.readouterr().out  # the best by val/acc on held-out images
-
-
-def test_alternating_flip_mirrors_each_image_every_other_epoch_from_a_seeded_coin(fashion_root, tmp_path):
-    """Every training image is seen once per epoch; its side in epoch 0 is a coin (half the images mirrored), and it
-    switches sides every epoch after."""
-    mirrored_by_epoch = {}
-
-    class RecordSides(Callback):
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            data = trainer.datamodule
-            if not hasattr(self, "sides"):
-                originals = data.normalised_train_images(len(data.train_set))
-                self.sides = {image.numpy().tobytes(): (i, False) for i, image in enumerate(originals)}
-                self.sides.update({image.flip(-1).numpy().tobytes(): (i, True) for i, image in enumerate(originals)})
-            seen = mirrored_by_epoch.setdefault(trainer.current_epoch, {})
-            for image in batch[0]:
-                index, mirrored = self.sides[image.contiguous().numpy().tobytes()]
-                seen[index] = mirrored
-
-    seed_everything(7)
-    tiny_fit(fashion_root, tmp_path, callbacks=[RecordSides()], max_epochs=3,
-             data_args=dict(horizontal_flip=True, alternating_flip=True))
-    first, second, third = (mirrored_by_epoch[epoch] for epoch in range(3))
-    assert len(first) == len(second) == len(third) == 256
-    assert 0.35 < sum(first.values()) / 256 < 0.65
-    assert all(second[i] != first[i] for i in first)
-    assert third == first
-
-
-def test_alternating_flip_without_horizontal_flip_is_refused_in_one_line():
-    with pytest.raises(MisconfigurationException, match="give --data.horizontal_flip true too"):
-        FashionMNISTDataModule(alternating_flip=True)

@@ -25,11 +25,10 @@ from lightning.pytorch.strategies import StrategyRegistry
 from callbacks import ThroughputReport
 from cli import app as train
 from datamodules import FashionMNISTDataModule
-from lightning_modules import FashionMNISTClassifier
-from lightning_modules.batch_plan import BatchPlan
 from strategies import DataParallelStrategy, register_strategies
 from strategies.dp import NO_GPU_MESSAGE
 from tests.conftest import REPO
+from tests.unit.conftest import classifier
 
 CUDA = torch.cuda.is_available()
 no_cuda_only = pytest.mark.skipif(CUDA, reason="simulates GPUs with CPU devices: nn.DataParallel is a no-op only without CUDA")
@@ -118,11 +117,7 @@ def test_loader_yields_batch_size_times_gpus(fashion_root, n_gpus):
     strategy = DataParallelStrategy(parallel_devices=fake_gpus(*range(n_gpus)))
     # keep_on_device false: the simulated GPUs' memory does not exist, so the splits stay in host memory.
     data = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=16, eval_batch_size=20, keep_on_device=False)
-    plan = BatchPlan.build(batch_size_per_device=16, devices=n_gpus, num_nodes=1, world_size=1, accumulate=1,
-                           devices_per_process=strategy.devices_per_process, base_lr=0.05, base_batch_size=None,
-                           lr_scaling="linear", warmup_epochs=0, train_images=256)
-    data.trainer = SimpleNamespace(strategy=strategy, world_size=strategy.world_size, global_rank=strategy.global_rank,
-                                   lightning_module=SimpleNamespace(batch_plan=plan))
+    data.trainer = SimpleNamespace(strategy=strategy, world_size=strategy.world_size, global_rank=strategy.global_rank)
     data.setup("fit")
     train_loader, val_loader = data.train_dataloader(), data.val_dataloader()
     assert train_loader.batch_size == 16 * n_gpus and val_loader.batch_size == 20 * n_gpus
@@ -152,7 +147,7 @@ def count_calls(module):
 @no_cuda_only
 def test_self_call_goes_through_data_parallel_without_recursion_and_teardown_restores_it():
     torch.manual_seed(0)
-    model = FashionMNISTClassifier().eval()  # no dropout: the same input gives the same logits
+    model = classifier("cnn").eval()  # no dropout: the same input gives the same logits
     images = torch.randn(8, 1, 28, 28)
     expected = model(images)
     keys = list(model.state_dict())
@@ -181,7 +176,7 @@ def test_self_call_goes_through_data_parallel_without_recursion_and_teardown_res
 
 @no_cuda_only
 def test_setting_up_twice_routes_once():
-    model = FashionMNISTClassifier()
+    model = classifier("cnn")
     strategy = routed(model)
     strategy._setup_model(model)  # fit, then test: setup runs again
     calls = count_calls(strategy._data_parallel.module)
@@ -206,7 +201,7 @@ def test_loss_over_gathered_logits_is_the_chunk_weighted_mean_of_per_gpu_losses(
     torch.manual_seed(batch)
     # eval: an image's logits do not depend on the chunk it lands in. In train mode BatchNorm normalises
     # each GPU's chunk with that chunk's statistics (as in ddp without sync_batchnorm); that needs real GPUs.
-    model = FashionMNISTClassifier().eval()
+    model = classifier("cnn").eval()
     images, targets = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
     chunks = list(zip(images.chunk(n_gpus), targets.chunk(n_gpus)))
     per_gpu = torch.stack([F.cross_entropy(model.net(x), y) for x, y in chunks])
@@ -258,7 +253,7 @@ def test_fit_with_simulated_gpus_batch_math_metrics_and_a_checkpoint_that_loads_
     trainer = Trainer(strategy=strategy, max_epochs=1, logger=CSVLogger(tmp_path), enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=tmp_path,
                       callbacks=[recorder, checkpoint, ThroughputReport()])
-    model = FashionMNISTClassifier(batch_size=batch_size, base_lr=0.01)
+    model = classifier("cnn", lr=0.01, batch_size=batch_size)
     data = FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=batch_size, eval_batch_size=20)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -270,7 +265,7 @@ def test_fit_with_simulated_gpus_batch_math_metrics_and_a_checkpoint_that_loads_
     plan = model.batch_plan
     assert (plan.devices, plan.devices_per_process, plan.world_size) == (n_gpus, n_gpus, 1)
     assert plan.batch_size_per_device == batch_size and plan.effective_batch_size == batch_size * n_gpus
-    assert plan.scaled_lr == pytest.approx(0.01 * n_gpus)  # linear rule over the effective batch
+    assert model.learning_rates.scaled_lr == pytest.approx(0.01 * n_gpus)  # linear rule over the effective batch
     assert 0.0 <= trainer.callback_metrics["val/acc"] <= 1.0 and torch.isfinite(trainer.callback_metrics["val/loss"])
     assert any(not torch.equal(initial[k], v) for k, v in model.state_dict().items())  # it trained
     rows = csv.DictReader((tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines())
@@ -281,8 +276,9 @@ def test_fit_with_simulated_gpus_batch_math_metrics_and_a_checkpoint_that_loads_
 
     # The checkpoint is a plain LightningModule checkpoint: it loads strictly into a model that never saw dp.
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    assert list(saved["state_dict"]) == list(FashionMNISTClassifier().state_dict())
-    plain = FashionMNISTClassifier.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert list(saved["state_dict"]) == list(classifier("cnn").state_dict())
+    plain = classifier("cnn")
+    plain.load_state_dict(saved["state_dict"])
     images = torch.randn(4, 1, 28, 28)
     torch.testing.assert_close(plain.eval()(images), model.eval()(images))
 
@@ -301,7 +297,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs at le
 @two_gpus
 def test_gpu_forward_is_split_over_the_gpus_and_gathered_on_the_root():
     n_gpus = torch.cuda.device_count()
-    model = FashionMNISTClassifier().cuda().eval()  # eval: logits independent of the chunking (BatchNorm)
+    model = classifier("cnn").cuda().eval()  # eval: logits independent of the chunking (BatchNorm)
     images = torch.randn(8 * n_gpus, 1, 28, 28, device="cuda:0")
     expected = model(images)
     seen = []
@@ -332,7 +328,7 @@ def test_gpu_fit_with_dp_over_every_gpu(tmp_path, fashion_root):
 
     trainer = Trainer(strategy="dp", accelerator="gpu", devices=-1, max_epochs=1, logger=False,
                       enable_progress_bar=False, default_root_dir=tmp_path, callbacks=[Sizes()])
-    model = FashionMNISTClassifier(batch_size=16)
+    model = classifier("cnn", batch_size=16)
     trainer.fit(model, datamodule=FashionMNISTDataModule(data_dir=str(fashion_root), batch_size=16))
     assert trainer.num_devices == n_gpus and batches[0] == 16 * n_gpus
     assert model.batch_plan.effective_batch_size == 16 * n_gpus

@@ -12,7 +12,8 @@ from datamodules.augment import (
     random_horizontal_flip,
 )
 from datamodules.fashion_mnist import FashionMNISTDataModule
-from lightning_modules.classifier import FashionMNISTClassifier
+from lightning_modules.networks import FastCNN, GpuCNN, SmallCNN
+from tests.unit.conftest import classifier
 
 
 def distinct_images(n: int = 64, size: int = 28) -> torch.Tensor:
@@ -112,8 +113,8 @@ def test_gpu_splits_live_in_gpu_memory_and_batches_are_gathered_there(fashion_ro
 
 def test_channels_last_keeps_the_outputs_and_stores_weights_nhwc():
     torch.manual_seed(0)
-    plain = FashionMNISTClassifier(network="cnn").eval()
-    nhwc = FashionMNISTClassifier(network="cnn", channels_last=True).eval()
+    plain = classifier("cnn").eval()
+    nhwc = classifier("cnn", channels_last=True).eval()
     nhwc.load_state_dict(plain.state_dict())
     conv = nhwc.net[0][3].weight  # 32 input channels (with 1 channel, NHWC and NCHW coincide)
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
@@ -131,37 +132,19 @@ def test_compile_routes_the_forward_through_torch_compile_and_keeps_plain_checkp
         return lambda images: module(images) * 0 + 7.0
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    model = FashionMNISTClassifier(network="mlp", compile=True)
+    model = classifier("mlp", compile=True)
     assert torch.equal(model(torch.zeros(2, 1, 28, 28)), torch.full((2, 10), 7.0))
     model(torch.zeros(2, 1, 28, 28))
     assert compiled == [model.net], "compiled once, the network itself (not the LightningModule)"
     keys = set(model.state_dict())
-    assert keys == set(FashionMNISTClassifier(network="mlp").state_dict())
+    assert keys == set(classifier("mlp").state_dict())
     assert not any("_orig_mod" in key or "_compiled" in key for key in keys)
-
-
-def test_warmup_can_start_below_base_lr():
-    model = FashionMNISTClassifier(batch_size=32, network="mlp", base_lr=0.1, lr_scaling="none", warmup_epochs=1,
-                                   warmup_start_lr=0.01)
-    trainer = SimpleNamespace(num_devices=1, num_nodes=1, accumulate_grad_batches=1, limit_train_batches=1.0,
-                              max_epochs=2, max_steps=-1, strategy=SimpleNamespace(process_group_backend=None),
-                              world_size=1, accelerator=object(), datamodule=SimpleNamespace(train_images=160))
-    model.trainer = trainer
-    model.setup("fit")  # 5 steps per epoch: warm-up over 5
-    schedule = model.configure_optimizers()["lr_scheduler"]["scheduler"]
-    lrs = []
-    for _ in range(6):
-        lrs.append(schedule.get_last_lr()[0])
-        schedule.optimizer.step()
-        schedule.step()
-    assert lrs[0] == pytest.approx(0.01) and lrs[5] == pytest.approx(0.1)
-    assert lrs == sorted(lrs)
 
 
 def test_flip_test_time_averages_the_logits_of_an_image_and_its_mirror():
     torch.manual_seed(0)
-    plain = FashionMNISTClassifier(network="mlp").eval()
-    tta = FashionMNISTClassifier(network="mlp", flip_test_time=True).eval()
+    plain = classifier("mlp").eval()
+    tta = classifier("mlp", flip_test_time=True).eval()
     tta.load_state_dict(plain.state_dict())
     images = torch.randn(4, 1, 28, 28)
     expected = (plain(images) + plain(images.flip(-1))) / 2
@@ -171,9 +154,7 @@ def test_flip_test_time_averages_the_logits_of_an_image_and_its_mirror():
 
 
 def test_fast_cnn_does_an_eighth_of_the_cnn_work_per_image():
-    from lightning_modules.networks import build_network
-
-    fast, cnn = build_network("fast_cnn"), build_network("cnn")
+    fast, cnn = FastCNN(), SmallCNN()
     assert fast.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
     assert multiply_adds(fast) == pytest.approx(2.3e6, rel=0.03)
     assert multiply_adds(fast) < multiply_adds(cnn) / 8
@@ -181,9 +162,7 @@ def test_fast_cnn_does_an_eighth_of_the_cnn_work_per_image():
 
 def test_gpu_cnn_spends_six_times_the_cnn_work_on_width():
     """fast_gpu.yaml's network: its docs quote 116 M multiply-adds per image, six times cnn's."""
-    from lightning_modules.networks import build_network
-
-    wide, cnn = build_network("gpu_cnn"), build_network("cnn")
+    wide, cnn = GpuCNN(), SmallCNN()
     assert wide.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
     assert multiply_adds(wide) == pytest.approx(116e6, rel=0.03)
     assert 5.5 < multiply_adds(wide) / multiply_adds(cnn) < 6.5

@@ -6,10 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules import FashionMNISTClassifier
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+from callbacks import GhostBatchNorm
+from cli.checks import import_class
+from cli.shorthand import CLASS_NAMES
 from lightning_modules.ghost_batch_norm import GhostBatchNorm2d, use_ghost_batch_norm
-from lightning_modules.networks import build_network
-from lightning_modules.optim import param_groups
+from lightning_modules.networks import SmallCNN
+from tests.unit.conftest import classifier, tiny_fit
 
 
 def _pair(channels=3, ghost=4, momentum=0.1):
@@ -63,7 +67,7 @@ def test_eval_and_a_batch_no_larger_than_the_ghost_size_are_plain_batch_norm():
 @pytest.mark.parametrize("network", ["cnn", "wrn", "resnet18"])
 def test_every_batch_norm_of_every_network_is_swapped_and_checkpoints_interchange(network):
     torch.manual_seed(0)
-    plain = build_network(network)
+    plain = import_class(CLASS_NAMES['--model.network'][network])()
     ghost = use_ghost_batch_norm(copy.deepcopy(plain), 32)
     kinds = [type(m) for m in ghost.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert kinds and set(kinds) == {GhostBatchNorm2d}
@@ -72,17 +76,26 @@ def test_every_batch_norm_of_every_network_is_swapped_and_checkpoints_interchang
     ghost.load_state_dict(plain.state_dict(), strict=True)
 
 
-def test_the_model_option_and_weight_decay_groups():
-    model = FashionMNISTClassifier(network="cnn", ghost_batch_size=8)
+def test_the_callback_swaps_the_model_at_fit_and_checkpoints_load_into_plain_batch_norm(fashion_root, tmp_path):
+    trainer = tiny_fit(fashion_root, tmp_path, [GhostBatchNorm(8)], network="cnn", limit_train_batches=2,
+                       limit_val_batches=1)
+    model = trainer.lightning_module
     ghosts = [m for m in model.modules() if isinstance(m, GhostBatchNorm2d)]
     assert len(ghosts) == 4 and all(m.ghost_batch_size == 8 for m in ghosts)
-    no_decay = {id(p) for p in param_groups(model, 5e-4)[1]["params"]}
-    assert all(id(m.weight) in no_decay and id(m.bias) in no_decay for m in ghosts)
-    plain = FashionMNISTClassifier(network="cnn")
+    weights, no_decay = trainer.optimizers[0].param_groups
+    assert all(id(m.weight) in map(id, no_decay["params"]) and id(m.bias) in map(id, no_decay["params"])
+               for m in ghosts), "the optimizer trains the ghost batch-norms' parameters, without weight decay"
+    plain = classifier("cnn")
     assert not any(isinstance(m, GhostBatchNorm2d) for m in plain.modules())
     plain.load_state_dict(model.state_dict(), strict=True)
     with pytest.raises(ValueError, match="ghost_batch_size"):
-        use_ghost_batch_norm(build_network("cnn"), 0)
+        use_ghost_batch_norm(SmallCNN(), 0)
+
+
+def test_the_callback_and_virtual_devices_are_refused_together():
+    model = classifier("cnn", virtual_devices=4)
+    with pytest.raises(MisconfigurationException, match="give one of them"):
+        GhostBatchNorm(8).setup(None, model, "fit")
 
 
 def test_ghost_batches_cut_the_batch_into_that_many_equal_shards_whatever_its_size():

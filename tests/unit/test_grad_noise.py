@@ -46,3 +46,22 @@ def test_noise_depends_only_on_seed_step_and_stream():
     assert len({grad_noise_seed(s, t) for s in range(20) for t in range(20)}) == 400
 
 
+
+
+def test_the_callback_adds_the_noise_of_the_step_after_backward_and_logs_its_std(fashion_root, tmp_path):
+    """With eta so large the noise dwarfs the gradients, the weights after one step differ from plain SGD's by the
+    noise the schedule predicts (momentum off: one step moves a weight by lr × (gradient + noise))."""
+    from lightning.pytorch import seed_everything
+
+    from callbacks import GradientNoise
+    from tests.unit.conftest import tiny_fit
+
+    runs = {}
+    for name, callbacks in (("plain", []), ("noise", [GradientNoise(eta=100.0)])):
+        seed_everything(3)
+        trainer = tiny_fit(fashion_root, tmp_path / name, callbacks, limit_train_batches=1, limit_val_batches=0,
+                           model_args=dict(momentum=0.0, weight_decay=0.0))
+        runs[name] = (torch.cat([p.detach().flatten() for p in trainer.lightning_module.parameters()]), trainer)
+    difference = (runs["noise"][0] - runs["plain"][0]) / 0.05  # lr 0.05
+    assert difference.std().item() == pytest.approx(math.sqrt(grad_noise_variance(0, 100.0)), rel=0.05)
+    assert runs["noise"][1].callback_metrics["train/grad_noise_std"].item() == pytest.approx(10.0)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.optim import build_optimizer, lr_factor, param_groups, scale_lr
+from lightning_modules.optim import check_optimizer, lr_factor, param_groups, scale_lr
+from tests.unit.conftest import classifier, tiny_fit
 
 
 @pytest.mark.parametrize(
@@ -32,20 +33,11 @@ def test_cosine_reaches_zero_at_the_last_step_and_step_schedule_decays():
 
 def test_weight_decay_skips_biases_and_norm_weights():
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
-    decay, no_decay = param_groups(model, 5e-4)
+    optimizer = torch.optim.SGD(param_groups(model), lr=0.1, weight_decay=5e-4)
+    decay, no_decay = optimizer.param_groups
     assert decay["weight_decay"] == 5e-4 and no_decay["weight_decay"] == 0.0
     assert {tuple(p.shape) for p in decay["params"]} == {(4, 1, 3, 3), (2, 4)}
     assert all(p.ndim == 1 for p in no_decay["params"]) and len(no_decay["params"]) == 4
-
-
-def test_bias_lr_scale_gives_biases_and_norm_weights_that_multiple_of_the_lr_through_warm_up(fashion_root, tmp_path):
-    from tests.unit.conftest import tiny_fit
-
-    trainer = tiny_fit(fashion_root, tmp_path, network="fast_cnn", lr=0.05,
-                       model_args=dict(bias_lr_scale=8.0, warmup_epochs=2.0, warmup_start_lr=0.005), max_epochs=1)
-    weights, biases = trainer.optimizers[0].param_groups
-    assert all(p.ndim == 1 for p in biases["params"]) and len(biases["params"]) == 6  # 3 biases, 3 norm weights
-    assert weights["lr"] < 0.05 and biases["lr"] == pytest.approx(8 * weights["lr"])  # mid warm-up, both scaled
 
 
 def test_weight_decay_follows_the_role_not_the_shape_of_flattened_parameters():
@@ -54,19 +46,28 @@ def test_weight_decay_follows_the_role_not_the_shape_of_flattened_parameters():
     for module in model:
         for name, param in list(module.named_parameters(recurse=False)):
             setattr(module, name, nn.Parameter(param.detach().flatten()))
-    decay, no_decay = param_groups(model, 0.1)
+    decay, no_decay = param_groups(model)
     assert [p.numel() for p in decay["params"]] == [12]
     assert sorted(p.numel() for p in no_decay["params"]) == [3, 3, 3]
 
 
-@pytest.mark.parametrize("name", ["sgd", "adamw", "novograd", "lamb", "lars"])
+OPTIMIZERS = {"sgd": (torch.optim.SGD, dict(lr=0.05, momentum=0.9)), "adamw": (torch.optim.AdamW, dict(lr=0.05)),
+              "novograd": ("NovoGrad", dict(lr=0.3, grad_averaging=True)), "lamb": ("Lamb", dict(lr=0.3)),
+              "lars": ("LARS", dict(lr=0.5, momentum=0.9)),
+              "rmsprop": (torch.optim.RMSprop, dict(lr=0.05, alpha=0.9))}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_each_optimizer_decreases_a_toy_loss(name):
+    import torch_optimizer
+
     torch.manual_seed(0)
     model = nn.Linear(8, 1)
     x = torch.randn(64, 8)
     y = x @ torch.randn(8, 1)
-    lr = {"sgd": 0.05, "adamw": 0.05, "novograd": 0.3, "lamb": 0.3, "lars": 0.5}[name]
-    optimizer = build_optimizer(name, param_groups(model, 0.0), lr=lr, momentum=0.9)
+    kind, args = OPTIMIZERS[name]
+    kind = getattr(torch_optimizer, kind) if isinstance(kind, str) else kind
+    optimizer = kind(param_groups(model), **args)
     first = None
     for _ in range(30):
         optimizer.zero_grad()
@@ -77,8 +78,33 @@ def test_each_optimizer_decreases_a_toy_loss(name):
     assert math.isfinite(loss.item()) and loss.item() < 0.5 * first
 
 
-def test_unknown_names_are_refused_with_the_choices():
-    with pytest.raises(ValueError, match="choose one of: sgd, adamw, novograd, lamb, lars"):
-        build_optimizer("adam", [nn.Parameter(torch.zeros(1))], lr=0.1)
+@pytest.mark.parametrize("args, message", [
+    (dict(lr=-1.0), "model.optimizer cannot be built: Invalid learning rate: -1.0"),
+    (dict(lr=0.1, nesterov=True), "model.optimizer cannot be built: Nesterov momentum requires a momentum"),
+    (dict(lr=float("inf")), "model.optimizer's lr must be a finite number, got inf"),
+    (dict(lr=0.1, momentum=1.0), "model.optimizer's momentum must be >= 0 and < 1 (e.g. 0.9), got 1.0"),
+    (dict(lr=0.1, betas=(0.9, 0.99)), "model.optimizer cannot be built: SGD.__init__() got an unexpected keyword"),
+])
+def test_an_optimizer_that_cannot_train_is_refused_with_what_is_wrong(args, message):
+    with pytest.raises(ValueError) as refused:
+        check_optimizer(lambda params: torch.optim.SGD(params, **args))
+    assert str(refused.value).startswith(message)
+
+
+def test_the_model_applies_the_policy_to_any_optimizers_own_lr(fashion_root, tmp_path):
+    """RMSprop, which the project names nowhere: its lr is the base lr, its alpha stays, the scaled lr trains."""
+    from lightning_modules import LRPolicy
+
+    trainer = tiny_fit(fashion_root, tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0,
+                       model_args=dict(optimizer=torch.optim.RMSprop, lr_policy=LRPolicy(base_batch_size=8)))
+    (weights, biases), = [trainer.optimizers[0].param_groups]
+    assert type(trainer.optimizers[0]) is torch.optim.RMSprop and weights["alpha"] == 0.99
+    assert weights["lr"] == biases["lr"] == pytest.approx(0.05 * 32 / 8)  # linear: batch 32 over base batch 8
+    assert (weights["weight_decay"], biases["weight_decay"]) == (5e-4, 0.0)
+
+
+def test_unknown_rules_are_refused_with_the_choices():
     with pytest.raises(ValueError, match="none, linear, sqrt"):
         scale_lr(0.1, 1, 2, "cubic")
+    with pytest.raises(ValueError, match="constant, cosine, step"):
+        lr_factor(5, warmup_steps=0, warmup_start_factor=1.0, total_steps=10, schedule="linear")

@@ -18,7 +18,17 @@ def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():
 
 def test_every_documented_shorthand_is_rewritten_with_equals_form_too():
     for short, full in SHORTHAND.items():
-        assert expand_args([f"{short}=7"]) == ["fit", full, "7"]
+        value = {"--optimizer": "torch.optim.SGD", "--network": "my.Net"}.get(short, "7")
+        assert expand_args([f"{short}={value}"]) == ["fit", full, value]
+
+
+def test_short_names_stand_for_class_paths_and_unknown_ones_name_the_choices():
+    assert expand_args(["--network", "fast_cnn", "--model.optimizer", "lamb"]) == [
+        "fit", "--model.network", "lightning_modules.networks.FastCNN", "--model.optimizer", "torch_optimizer.Lamb"]
+    assert expand_args(["--network=my_package.Net"]) == ["fit", "--model.network", "my_package.Net"]
+    with pytest.raises(ShorthandError, match="unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, "
+                                             "resnet18, or give a class path"):
+        expand_args(["--network", "vgg"])
 
 
 def test_explicit_subcommand_and_full_keys_are_left_alone():

@@ -2,6 +2,7 @@
 
 import pytest
 
+from callbacks.run_record import EpochRecord
 from callbacks.throughput import (
     EpochClock,
     EpochTiming,
@@ -63,6 +64,6 @@ def test_global_rate_is_all_images_over_the_slowest_rank_not_rank0_times_world()
 
 
 def test_epoch_line_matches_the_workshop_format():
-    line = format_epoch_line(1, 32.6354, 1835.549, 0.27812, 0.90349)
+    line = format_epoch_line(EpochRecord(1, 32.6354, 1835.549, 0.27812, 0.90349))
     assert line == "Epoch 1: Cumulative Time = 32.635, Images/sec = 1835.55, Val Loss = 0.278, Val Acc = 0.903"
-    assert format_epoch_line(2, 1.0, 2.0, None, None).endswith("Val Loss = n/a, Val Acc = n/a")
+    assert format_epoch_line(EpochRecord(2, 1.0, 2.0, None, None)).endswith("Val Loss = n/a, Val Acc = n/a")

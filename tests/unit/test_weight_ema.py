@@ -74,13 +74,13 @@ def fit(root, folder, callbacks, max_epochs, ckpt_path=None, checkpoints=False):
     from lightning.pytorch import Trainer, seed_everything
 
     from datamodules import FashionMNISTDataModule
-    from lightning_modules import FashionMNISTClassifier
+    from tests.unit.conftest import classifier
 
     seed_everything(7)
     trainer = Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=checkpoints, default_root_dir=str(folder),
                       callbacks=callbacks)
-    trainer.fit(FashionMNISTClassifier(batch_size=32, network="mlp", base_lr=0.05),
+    trainer.fit(classifier("mlp", batch_size=32),
                 datamodule=FashionMNISTDataModule(data_dir=str(root), batch_size=32, download=False), ckpt_path=ckpt_path)
     return trainer
 
