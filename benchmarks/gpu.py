@@ -10,7 +10,6 @@ The recipes' time to accuracy is ``benchmarks/recipe_runs.py`` with a GPU recipe
 """
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -19,14 +18,15 @@ from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.speed import FIRST_STEP_LINE, machine, sgd_for, timed_steps  # noqa: E402
-from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from benchmarks.speed import machine, sgd_for, timed_steps  # noqa: E402
+from callbacks.run_record import RunResults, read_run  # noqa: E402
 from cli import launch  # noqa: E402
-from lightning_modules.networks import build_network  # noqa: E402
+from cli.shorthand import named_class  # noqa: E402
 
 # train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory). The memory
 # format is explicit in every row: configs/default.yaml trains NHWC, the bare loop of `table` NCHW.
@@ -51,7 +51,7 @@ def bare_loop(network: str, batch: int, seconds: float, bf16: bool, channels_las
     """Compute bound on the GPU: one fixed batch in GPU memory, forward/backward/SGD, synchronised each step."""
     torch.manual_seed(0)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    net = build_network(network).cuda().train().to(memory_format=memory_format)
+    net = named_class("--model.network", network)().cuda().train().to(memory_format=memory_format)
     optimizer = sgd_for(net)
     images = torch.randn(batch, 1, 28, 28, device="cuda").to(memory_format=memory_format)
     targets = torch.randint(0, 10, (batch,), device="cuda")
@@ -80,20 +80,20 @@ def table(opts) -> List[str]:
     return lines
 
 
-def train_py(args: List[str], timeout: float = 600) -> str:
-    finished = launch.run_in_scratch(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout)
-    return finished.stdout + finished.stderr
+def train_py(args: List[str], timeout: float = 600) -> RunResults:
+    finished = launch.run_in_scratch(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout,
+                                     read=lambda folder: read_run(folder / "runs"))
+    return finished.record
 
 
 def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
     """Median images/sec of epochs 2..n of full epochs on the GPU, and the first step's seconds if printed.
     No validation (not in the images/sec; ``1`` would mean all of it: the CLI reads it as the float 1.0)."""
-    out = train_py(["--accelerator", "gpu", "--devices", "1", "--network", network, "--batch_size", str(batch),
+    record = train_py(["--accelerator", "gpu", "--devices", "1", "--network", network, "--batch_size", str(batch),
                     "--epochs", str(epochs), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
                     "--test_after_fit", "false", *extra])
-    rates = {line.epoch: line.images_per_sec for line in parse_epoch_lines(out)}
-    first = FIRST_STEP_LINE.search(out)
-    return statistics.median(rates[e] for e in range(2, epochs + 1)), float(first.group(1)) if first else None
+    rates = {epoch.epoch: epoch.images_per_sec for epoch in record.epochs}
+    return statistics.median(rates[e] for e in range(2, epochs + 1)), record.latest.get("time/first_step_s")
 
 
 def options(opts) -> List[str]:
@@ -136,11 +136,11 @@ def smoke(opts) -> List[str]:
     for strategy in ("ddp", "dp", "fsdp"):
         started = time.perf_counter()
         try:
-            out = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
+            record = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
                             "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
                             "--test_after_fit", "false"], timeout=300)
-            backend = re.search(r"distributed_backend=(\w+)", out)
-            note = backend.group(1) if backend else "no process group"
+            hparams = yaml.safe_load((record.folder / "hparams.yaml").read_text()) if record.folder else {}
+            note = hparams.get("backend", "no record")
             code = 0
         except RuntimeError as error:
             note, code = str(error).splitlines()[-1][:120], 1

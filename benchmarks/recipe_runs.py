@@ -2,10 +2,10 @@
 
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.recipe_runs configs/recipes/fast_cpu.yaml [--runs 3]
 
-Each run is ``train.py --config RECIPE --seed S`` as a user types it, in a scratch folder.
-Training seconds are the last epoch line's Cumulative Time (training only, validation
-excluded); test accuracy is the test after fit (the best checkpoint by val/acc, which
-for a one-cycle recipe is the last epoch). Extra flags after ``--`` go to every run.
+Each run is ``train.py --config RECIPE --seed S`` as a user types it, in a scratch folder, and its figures are read
+from the run's record (metrics.csv, callbacks/run_record.py), never from its output. Training seconds are the last
+epoch's cumulative time (training only, validation excluded); test accuracy is the test after fit (the last epoch when
+validation is the test split). Extra flags after ``--`` go to every run.
 
     ... recipe_runs NEW.yaml --runs 5 --against OLD.yaml
 
@@ -14,7 +14,6 @@ the back-to-back comparison a "half today's time" goal needs on a machine whose 
 """
 
 import argparse
-import re
 import statistics
 import sys
 import time
@@ -24,24 +23,22 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
-from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from callbacks.run_record import read_run  # noqa: E402
 from cli import launch  # noqa: E402
-
-TEST_ACC = re.compile(r"test/acc\s*[│|]?\s*([\d.]+)")
 
 
 def one_run(recipe: str, seed: int, extra) -> dict:
     started = time.perf_counter()
     try:
-        finished = launch.run_in_scratch(["--config", str(Path(recipe).resolve()), "--seed", str(seed), *extra], 3600)
+        finished = launch.run_in_scratch(["--config", str(Path(recipe).resolve()), "--seed", str(seed), *extra], 3600,
+                                         read=lambda folder: read_run(folder / "runs"))
     except RuntimeError as error:
         raise SystemExit(f"seed {seed}: {error}") from error
     wall = time.perf_counter() - started
-    epochs = parse_epoch_lines(finished.stdout)
-    test = TEST_ACC.search(finished.stdout + finished.stderr)
+    epochs = [e for e in finished.record.epochs if e.cumulative_s is not None]
     return {"seed": seed, "epochs": len(epochs), "train_s": epochs[-1].cumulative_s,
             "images_per_sec": statistics.median(e.images_per_sec for e in epochs), "val_acc": epochs[-1].val_acc,
-            "test_acc": float(test.group(1)) if test else float("nan"), "wall_s": wall}
+            "test_acc": finished.record.test.get("test/acc", float("nan")), "wall_s": wall}
 
 
 def print_table(recipe: str, extra, rows) -> None:

@@ -49,17 +49,16 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from callbacks.run_record import RunResults, read_run  # noqa: E402
 from cli import launch  # noqa: E402
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
 from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
-from lightning_modules.networks import build_network  # noqa: E402
+from cli.shorthand import named_class  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.
 DEFAULT_CHANNELS_LAST = bool(yaml.safe_load(DEFAULT_CONFIG.read_text())["model"].get("channels_last", False))
 FORMAT = "NHWC" if DEFAULT_CHANNELS_LAST else "NCHW"
-FIRST_STEP_LINE = re.compile(r"First training step: ([\d.]+) s")
 # train.py's speed options, each measured against (b) with --options; the memory format row is the one
 # train.py does not use by default.
 OPTIONS = {
@@ -99,7 +98,7 @@ def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu",
     ``--model.channels_last``."""
     torch.manual_seed(0)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    net = build_network(network).to(device).train().to(memory_format=memory_format)
+    net = named_class("--model.network", network)().to(device).train().to(memory_format=memory_format)
     optimizer = sgd_for(net)
     if sync == "ddp":
         net = torch.nn.parallel.DistributedDataParallel(net)
@@ -192,7 +191,7 @@ def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, worke
     dataset = FashionMNIST(str(torchvision_root(data_dir)), train=True, download=False, transform=transform)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
     torch.manual_seed(0)
-    net = build_network(network).train()
+    net = named_class("--model.network", network)().train()
     optimizer = sgd_for(net)
     batches = iter(loader)
 
@@ -242,35 +241,33 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
     return {"workshop": workshop, "train.py": ours}
 
 
-def run_train(args: List[str], threads=None, timeout: float = 900) -> str:
-    """train.py in a scratch folder with the default config; returns its output."""
+def run_train(args: List[str], threads=None, timeout: float = 900) -> RunResults:
+    """train.py in a scratch folder with the default config; returns its record (metrics.csv)."""
     try:
-        finished = launch.run_in_scratch(["--config", str(DEFAULT_CONFIG), *args], timeout, threads)
+        finished = launch.run_in_scratch(["--config", str(DEFAULT_CONFIG), *args], timeout, threads,
+                                         read=lambda folder: read_run(folder / "runs"))
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
-    return finished.stdout + finished.stderr
+    return finished.record
 
 
 def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
-    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own epoch lines.
+    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record.
 
     No validation: it is not in the images/sec, and ``--trainer.limit_val_batches 1`` would mean all of it
     (the CLI reads 1 as the float 1.0, i.e. 100 %), which made each repeat about twice as long.
 
-    ``first_step``: also return the first step's seconds (TensorBoard's ``time/first_step_s`` is not read back;
-    the compile line is printed only with compile, so the first epoch's time stands in for the others).
+    ``first_step``: also return the first step's seconds (``time/first_step_s``: with compile, the compilation).
     """
-    out = run_train(["--accelerator", "cpu", "--network", network, "--batch_size", str(batch), "--epochs", str(epochs),
+    record = run_train(["--accelerator", "cpu", "--network", network, "--batch_size", str(batch), "--epochs", str(epochs),
                      "--trainer.limit_train_batches", str(steps), "--trainer.limit_val_batches", "0",
                      "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra], threads)
-    rates = {line.epoch: line.images_per_sec for line in parse_epoch_lines(out)}
-    steady = [rates[e] for e in range(2, epochs + 1) if e in rates]
+    rates = {e.epoch: e.images_per_sec for e in record.epochs}
+    steady = [rates[e] for e in range(2, epochs + 1) if rates.get(e) is not None]
     if not steady:
-        raise SystemExit(f"no epoch lines in train.py's output:\n{out[-2000:]}")
+        raise SystemExit(f"no epochs in train.py's record ({record.folder})")
     if first_step:
-        compiled = FIRST_STEP_LINE.search(out)
-        first_epoch_s = parse_epoch_lines(out)[0].cumulative_s
-        return statistics.median(steady), float(compiled.group(1)) if compiled else first_epoch_s
+        return statistics.median(steady), record.latest.get("time/first_step_s")
     return statistics.median(steady)
 
 

@@ -2,8 +2,8 @@
 
     FASHION_MNIST_DIR=../shared/data .venv/bin/python benchmarks/strategy_figures.py [--repeats 3] [--batches 60]
 
-Every figure is read from what ``train.py`` itself prints (the "Model state per rank"
-line and the epoch line), so it is what a user sees. Throughput runs alternate
+Every figure is read from the run's own record (metrics.csv: ``memory/parameters_mb``,
+``memory/optimizer_state_mb``, the epochs' images/sec), the numbers its lines print. Throughput runs alternate
 1-process and 2-process jobs and quote medians of the second epoch's images/sec
 (the first pays for start-up). Needs the real Fashion-MNIST (``$FASHION_MNIST_DIR``).
 """
@@ -11,7 +11,6 @@ line and the epoch line), so it is what a user sees. Throughput runs alternate
 import argparse
 import os
 import platform
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -21,36 +20,32 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from callbacks.throughput import parse_epoch_lines  # noqa: E402
+from callbacks.run_record import RunResults, read_run  # noqa: E402
 from cli import launch  # noqa: E402
 
-STATE = re.compile(r"Model state per rank: parameters ([\d.]+) MiB, optimizer state ([\d.]+) MiB")
 
-
-def train(args, threads=None) -> str:
-    """Run train.py in a scratch folder; return its output (stdout and stderr)."""
+def train(args, threads=None) -> RunResults:
+    """Run train.py in a scratch folder; return its record (metrics.csv)."""
     common = ["--accelerator", "cpu", "--test_after_fit", "false", "--trainer.enable_checkpointing", "false",
-              "--trainer.callbacks", "callbacks.ThroughputReport", "--trainer.callbacks+=callbacks.PeakMemory",
-              "--trainer.logger", "false"]
+              "--trainer.callbacks", "callbacks.ThroughputReport", "--trainer.callbacks+=callbacks.PeakMemory"]
     try:
-        finished = launch.run_in_scratch([*common, *args], 1800, threads)
+        finished = launch.run_in_scratch([*common, *args], 1800, threads, read=lambda folder: read_run(folder / "runs"))
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
-    return finished.stdout + finished.stderr
+    return finished.record
 
 
 def model_state(network: str, strategy: str, batch: int) -> tuple:
-    out = train(["--strategy", strategy, "--devices", "2", "--network", network, "--batch_size", str(batch),
-                 "--data.eval_batch_size", str(batch), "--epochs", "1", "--trainer.num_sanity_val_steps", "0",
-                 "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"])
-    params, optimizer = map(float, STATE.search(out).groups())
-    return params, optimizer
+    record = train(["--strategy", strategy, "--devices", "2", "--network", network, "--batch_size", str(batch),
+                    "--data.eval_batch_size", str(batch), "--epochs", "1", "--trainer.num_sanity_val_steps", "0",
+                    "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"])
+    return record.latest["memory/parameters_mb"], record.latest["memory/optimizer_state_mb"]
 
 
 def images_per_sec(devices: int, strategy: str, batches: int, threads) -> float:
-    out = train(["--strategy", strategy, "--devices", str(devices), "--epochs", "2", "--trainer.num_sanity_val_steps",
-                 "0", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1"], threads)
-    return next(line.images_per_sec for line in parse_epoch_lines(out) if line.epoch == 2)
+    record = train(["--strategy", strategy, "--devices", str(devices), "--epochs", "2", "--trainer.num_sanity_val_steps",
+                    "0", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1"], threads)
+    return next(epoch.images_per_sec for epoch in record.epochs if epoch.epoch == 2)
 
 
 def main() -> None:

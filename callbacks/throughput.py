@@ -1,7 +1,6 @@
 """Images/sec and cumulative training time per epoch over all ranks, validation excluded: all ranks' images over the
 slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0)."""
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
@@ -9,6 +8,8 @@ from typing import Callable, List, Optional
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
+
+from callbacks.run_record import EpochRecord
 
 
 @dataclass
@@ -102,39 +103,15 @@ def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1) -> Glob
     )
 
 
-def format_epoch_line(epoch: int, cumulative_s: float, images_per_sec: float, val_loss, val_acc) -> str:
-    """The DLI workshop's per-epoch line, so figures can be compared with the course's; :func:`parse_epoch_lines`
-    reads it back."""
+def format_epoch_line(record: EpochRecord) -> str:
+    """The DLI workshop's per-epoch line, so figures can be compared with the course's; ``n/a`` where the record has
+    no value (no validation ran in that epoch)."""
 
     def num(value) -> str:
         return "n/a" if value is None else f"{float(value):.3f}"
 
-    return (
-        f"Epoch {epoch}: Cumulative Time = {cumulative_s:.3f}, Images/sec = {images_per_sec:.2f}, "
-        f"Val Loss = {num(val_loss)}, Val Acc = {num(val_acc)}"
-    )
-
-
-@dataclass(frozen=True)
-class EpochLine:
-    epoch: int
-    cumulative_s: float
-    images_per_sec: float
-    val_loss: Optional[float]  # None: no validation ran ("n/a")
-    val_acc: Optional[float]
-
-
-EPOCH_LINE = re.compile(r"^Epoch (\d+): Cumulative Time = ([\d.]+), Images/sec = ([\d.]+), "
-                        r"Val Loss = ([\d.]+|nan|n/a), Val Acc = ([\d.]+|nan|n/a)$", re.MULTILINE)
-
-
-def parse_epoch_lines(text: str) -> List[EpochLine]:
-    """Every epoch line in ``text`` (a run's stdout), in order: the one parser of :func:`format_epoch_line`."""
-
-    def num(value: str) -> Optional[float]:
-        return None if value == "n/a" else float(value)
-
-    return [EpochLine(int(m[1]), float(m[2]), float(m[3]), num(m[4]), num(m[5])) for m in EPOCH_LINE.finditer(text)]
+    return (f"Epoch {record.epoch}: Cumulative Time = {record.cumulative_s:.3f}, Images/sec = "
+            f"{record.images_per_sec:.2f}, Val Loss = {num(record.val_loss)}, Val Acc = {num(record.val_acc)}")
 
 
 def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
@@ -153,6 +130,7 @@ class ThroughputReport(Callback):
         self.clock = EpochClock()
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
+        self._validated = False  # since the epoch's line
 
     @staticmethod
     def _sync(trainer: Trainer) -> None:
@@ -171,7 +149,7 @@ class ThroughputReport(Callback):
             self._sync(trainer)
             self.first_step_s = self.clock.end_batch(len(batch[1]))
             log_to_loggers(trainer, {"time/first_step_s": self.first_step_s})
-            if trainer.is_global_zero and getattr(pl_module, "hparams", {}).get("compile"):
+            if trainer.is_global_zero and getattr(pl_module, "compile", False):
                 print(f"First training step: {self.first_step_s:.1f} s (includes torch.compile)", flush=True)
         else:
             self.clock.end_batch(len(batch[1]))
@@ -185,36 +163,31 @@ class ThroughputReport(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
         self.clock.resume()
+        self._validated = self._validated or (trainer.state.fn == "fit" and not trainer.sanity_checking)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
         self._sync(trainer)
         mine = self.clock.end_epoch()
-        local = torch.tensor(
-            [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s], dtype=torch.float64
-        )
+        local = torch.tensor([mine.images, mine.seconds, mine.data_wait_s, mine.compute_s], dtype=torch.float64)
         rows = trainer.strategy.all_gather(local.to(trainer.strategy.root_device)).reshape(-1, 4).tolist()
-        plan = getattr(pl_module, "batch_plan", None)  # a model of ours: dp drives several devices per process
         result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
-                               devices_per_rank=plan.devices_per_process if plan is not None else 1)
+                               devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
         self.cumulative_s += result.epoch_s
-        metrics = {
+        log_to_loggers(trainer, {
+            "epoch": trainer.current_epoch,
             "throughput/images_per_sec": result.images_per_sec,
             "throughput/images_per_sec_per_device": result.images_per_sec_per_device,
             "time/epoch_s": result.epoch_s,
             "time/cumulative_s": self.cumulative_s,
             "time/data_wait_s": result.data_wait_s,
             "time/compute_s": result.compute_s,
-        }
-        log_to_loggers(trainer, metrics)
+        })
+        validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
+        logged = trainer.callback_metrics if validated else {}
+        line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s, result.images_per_sec,
+                                             logged.get("val/loss"), logged.get("val/acc")))
         if trainer.is_global_zero:
-            logged = trainer.callback_metrics
-            line = format_epoch_line(
-                trainer.current_epoch + 1,
-                self.cumulative_s,
-                result.images_per_sec,
-                logged.get("val/loss"),
-                logged.get("val/acc"),
-            )
             bar = trainer.progress_bar_callback
             if bar is not None and bar.is_enabled:
                 bar.print(line)  # through the bar, so it is not broken

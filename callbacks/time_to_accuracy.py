@@ -1,39 +1,32 @@
-"""``time_to_accuracy.csv`` (and ``.png``): validation accuracy against the epoch line's cumulative training time,
-one row per epoch, rewritten every epoch by rank 0 in the run's folder; the plot is drawn when training ends."""
+"""``time_to_accuracy.png``: validation accuracy against the epoch line's cumulative training time, as the DLI course
+plots it, drawn by rank 0 from the run's record (``metrics.csv``, callbacks/run_record.py) when training ends."""
 
-import csv
 from pathlib import Path
 from typing import List, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from callbacks.throughput import ThroughputReport
+from callbacks.run_record import EpochRecord, read_epochs
 
-CSV_NAME = "time_to_accuracy.csv"
 PLOT_NAME = "time_to_accuracy.png"
-COLUMNS = ["epoch", "cumulative_s", "val_acc", "val_loss"]
 
 
-def write_csv(path: Path, rows: List[list]) -> None:
-    """Floats as Python writes them (shortest exact form), so the file holds the very numbers logged."""
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(COLUMNS)
-        writer.writerows(["" if v is None else v for v in row] for row in rows)
-
-
-def plot(path: Path, rows: List[list], target: Optional[float] = None) -> bool:
-    """Accuracy against seconds, like the DLI course's plot; returns False when matplotlib is not installed."""
+def plot(path: Path, records: List[EpochRecord], target: Optional[float] = None) -> bool:
+    """Accuracy against seconds, epoch numbers above the points; False when there is nothing to draw or no
+    matplotlib."""
+    points = [r for r in records if r.val_acc is not None and r.cumulative_s is not None]
     try:
         from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     except ImportError:
         return False
-    points = [(row[1], row[2]) for row in rows if row[2] is not None]
+    if not points:
+        return False
     figure = Figure(figsize=(6, 4), layout="constrained")
     axes = figure.add_subplot()
-    axes.plot([0.0] + [s for s, _ in points], [0.0] + [a for _, a in points], marker="o")
-    for (seconds, accuracy), row in zip(points, [r for r in rows if r[2] is not None]):
-        axes.annotate(str(row[0]), (seconds, accuracy), textcoords="offset points", xytext=(0, 6), fontsize=8)
+    axes.plot([0.0] + [r.cumulative_s for r in points], [0.0] + [r.val_acc for r in points], marker="o")
+    for record in points:
+        axes.annotate(str(record.epoch), (record.cumulative_s, record.val_acc), textcoords="offset points",
+                      xytext=(0, 6), fontsize=8)
     if target is not None:
         axes.axhline(target, linestyle="--", color="grey", label=f"target {target:g}")
         axes.legend(loc="lower right")
@@ -46,47 +39,27 @@ def plot(path: Path, rows: List[list], target: Optional[float] = None) -> bool:
 
 
 class TimeToAccuracy(Callback):
-    """Writes ``time_to_accuracy.csv``: epoch, cumulative_s, val_acc, val_loss (empty when no validation ran).
+    """Draws ``time_to_accuracy.png`` in the run's folder (or ``output_dir``) when training ends; with
+    ``--target_accuracy`` the target is a dashed line.
 
     Args:
-        output_dir: Folder for the files; default: the run's log folder (runs/fashion_mnist/version_N).
-    """
+        output_dir: Folder for the picture; default: the run's folder (where ``metrics.csv`` is)."""
 
     def __init__(self, output_dir: Optional[str] = None) -> None:
         self.output_dir = output_dir
-        self.rows: List[list] = []
-        self._validated = False
-        self._report: Optional[ThroughputReport] = None
-        self._folder: Optional[Path] = None
+        self._run_dir: Optional[Path] = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":
-            self._report = ThroughputReport.of(trainer, self)
-            self._folder = Path(self.output_dir or trainer.log_dir or ".")  # log_dir is a collective: every rank asks
-
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self._validated = True
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        validated, self._validated = self._validated, False
-        logged = trainer.callback_metrics if validated else {}
-        acc, loss = logged.get("val/acc"), logged.get("val/loss")
-        self.rows.append([trainer.current_epoch + 1, self._report.cumulative_s,
-                          None if acc is None else float(acc), None if loss is None else float(loss)])
-        if trainer.is_global_zero:
-            self._folder.mkdir(parents=True, exist_ok=True)
-            write_csv(self._folder / CSV_NAME, self.rows)
+            self._run_dir = Path(trainer.log_dir or ".")  # log_dir is a collective: every rank asks
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.is_global_zero and self.rows:
+        for logger in trainer.loggers:
+            logger.save()  # the last epoch's rows, before they are read back
+        if trainer.is_global_zero and self._run_dir is not None:
             from callbacks.stop_at_target import StopAtTarget
 
             target = next((c.target_accuracy for c in trainer.callbacks if isinstance(c, StopAtTarget)), None)
-            plot(self._folder / PLOT_NAME, self.rows, target)
-
-    def state_dict(self) -> dict:
-        return {"rows": self.rows}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.rows = [list(row) for row in state_dict.get("rows", [])]
+            folder = Path(self.output_dir) if self.output_dir else self._run_dir
+            folder.mkdir(parents=True, exist_ok=True)
+            plot(folder / PLOT_NAME, read_epochs(self._run_dir), target)

@@ -1,5 +1,6 @@
-"""train.py's LightningCLI: wiring only (the default config, links, the run-time plugins, the test after fit), and
-``main``, which turns every error into one line and an exit code (runtime/errors.py)."""
+"""train.py's LightningCLI: wiring only (the default config, links, where the run's files go, what a checkpoint's
+hyperparameters may fill in, the run-time plugins, the test after fit), and ``main``, which turns every error into one
+line and an exit code (runtime/errors.py)."""
 
 import logging
 import sys
@@ -12,11 +13,14 @@ from jsonargparse.typing import PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 import runtime
 from callbacks import StopAtTarget
 from callbacks.progress import progress_bar
+from callbacks.run_record import MetricsCSV, RunRecord
+from cli import checkpoint_hparams, outputs
 from cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
 from cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
@@ -28,14 +32,17 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
-# Lightning 2.6 advertises its cloud logger at every start (logger_connector.py): not ours to print.
+# Lightning 2.6's own lines that are not ours to print: its cloud logger's advertisement at every start
+# (logger_connector.py), and the note that configure_optimizers' step count loads the training data first.
+_NOT_OURS = ("[litlogger](https://pypi.org/project/litlogger/)", "to estimate number of stepping batches")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-    lambda record: "[litlogger](https://pypi.org/project/litlogger/)" not in str(record.msg))
+    lambda record: not any(text in str(record.msg) for text in _NOT_OURS))
 
 
 class FashionMNISTCLI(LightningCLI):
-    """LightningCLI with our defaults file, the batch linked from data to model, the run-time guards installed on
-    every trainer, the ``--ckpt_path`` resolution before launch, and a test run after fit."""
+    """LightningCLI with our defaults file, the batch linked from data to model, the run's folders and
+    ``--ckpt_path`` decided from the config before anything is built, the run-time guards and the run's record on
+    every trainer, and a test run after fit."""
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         kwargs.setdefault("exit_on_error", False)  # main() turns parse errors into one line
@@ -54,21 +61,48 @@ class FashionMNISTCLI(LightningCLI):
         # Its own section (--stop_at_target.*, shorthand --target_accuracy): LightningCLI appends it to the callbacks.
         parser.add_lightning_class_args(StopAtTarget, "stop_at_target")
         parser.link_arguments("data.batch_size", "model.batch_size")
+        parser.link_arguments("data.virtual_devices", "model.virtual_devices")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        """Parse, then decide from the config alone where the run's files go and what ``--ckpt_path`` means (a file,
+        or ``last`` in this experiment's checkpoint folder), and check that checkpoint before LightningCLI reads its
+        hyperparameters into the config (runtime/checkpoint_io.py: verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
         self._batch_limits = integer_batch_limits(args, [str(DEFAULT_CONFIG)])
+        self._resumed, self._stored, self._given = resume.Resume(), {}, checkpoint_hparams.given_keys(args)
         subcommand = self.config.get("subcommand")
-        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
-        if ckpt_path and not checkpoint_io.is_remote(ckpt_path) and Path(ckpt_path).is_file():
-            checkpoint_io.load(ckpt_path)  # LightningCLI reads its hyperparameters next: a bad file ends here, exit 66
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        self.run_name = outputs.fill_output_paths(config)
+        folders = outputs.checkpoint_folders(config)
+        self._resumed = resume.resolve(config.get("ckpt_path"), outputs.last_checkpoints(folders), folders,
+                                       lifetime.max_restarts(), lifetime.attempt(),
+                                       outputs.other_experiments(config, folders) if config.get("ckpt_path") == "last"
+                                       else ())
+        config.ckpt_path = self._resumed.path
+        self._user_config = self.config.clone()
+        path = self._resumed.path
+        if path and not checkpoint_io.is_remote(path) and Path(path).is_file():
+            self._stored = checkpoint_hparams.stored_model(checkpoint_io.load(path), path)  # bad file: exit 66
+            checkpoint_hparams.check_fits(parser, self.config, subcommand, self._stored, path)
 
     def before_instantiate_classes(self) -> None:
-        check_config(self.config[self.subcommand])
+        """LightningCLI has put the checkpoint's hyperparameters over the config: the user's given values go back on
+        top (cli/checkpoint_hparams.py), then the config is checked."""
+        config = self.config[self.subcommand]
+        self._notes: List[str] = []
+        if self._stored:
+            user = self._user_config[self.subcommand]
+            applied = checkpoint_hparams.reapply_given(config, user, self._given)
+            found = checkpoint_hparams.differences(applied, user, self._stored)
+            self._notes = checkpoint_hparams.start_note(found, self._resumed.path)
+        check_config(config)
 
     def instantiate_trainer(self, **kwargs):
         """A whole number of limit_*_batches / overfit_batches is a number of batches, as in Lightning's Python API
-        (the parsed config holds them as floats: cli/checks.py); ``--progress`` puts our bar in Lightning's place."""
+        (the parsed config holds them as floats: cli/checks.py); ``--progress`` puts our bar in Lightning's place;
+        with no logger configured, TensorBoard logs in ``<default_root_dir>/<run name>/version_<n>``."""
         progress = self.config[self.subcommand].progress
         if progress is None:
             progress = sys.stdout.isatty()
@@ -76,6 +110,12 @@ class FashionMNISTCLI(LightningCLI):
         lightnings = [i for i, c in enumerate(trainer.callbacks) if type(c) in (TQDMProgressBar, RichProgressBar)]
         for index in lightnings:
             trainer.callbacks[index] = progress_bar()
+        if self.config[self.subcommand].trainer.logger is None:
+            trainer.loggers = [TensorBoardLogger(trainer.default_root_dir, name=self.run_name, default_hp_metric=False)]
+        run = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
+        if run is not None:  # the run's record as data, beside TensorBoard's files
+            trainer.loggers = [*trainer.loggers, MetricsCSV(run)]
+            trainer.callbacks.append(RunRecord())
         return trainer
 
     def instantiate_classes(self) -> None:
@@ -85,17 +125,18 @@ class FashionMNISTCLI(LightningCLI):
             super().instantiate_classes()
         except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
             raise errors.ConfigError(errors.one_line(error)) from error
+        if hasattr(self.model, "start_notes"):
+            self.model.start_notes = self._notes
         runtime.install(self.trainer, self.config[self.subcommand].check_every_n_steps)
 
     def _before_launch(self) -> None:
-        """In the launching process, before any rank or process group exists: output folders, ``--ckpt_path``, the
+        """In the launching process, before any rank or process group exists: output folders, the checkpoint, the
         data (local rank 0 of each node), so a bad input ends here with one line instead of inside one rank."""
         check_outputs(self.trainer, self.subcommand)
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
-        config = self.config_init[self.subcommand]
-        config["ckpt_path"] = resume.prepare(self.trainer, self.subcommand, config.get("ckpt_path"))
+        self.config_init[self.subcommand]["ckpt_path"] = resume.prepare(self.trainer, self.subcommand, self._resumed)
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
 

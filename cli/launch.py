@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
@@ -187,6 +187,7 @@ class Finished:
     returncode: int
     stdout: str
     stderr: str
+    record: Any = None  # what run_in_scratch's ``read`` made of the run's folder
 
 
 def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optional[Dict[str, str]] = None,
@@ -203,9 +204,10 @@ def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optio
 
 
 def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
-                   check: bool = True) -> Finished:
+                   check: bool = True, read: Optional[Callable[[Path], Any]] = None) -> Finished:
     """``python train.py ARGS`` in a fresh temporary folder, with ``$FASHION_MNIST_DIR`` kept and ``threads``
-    OpenMP threads (None: torch's own choice): benchmarks and recipe runs. ``check``: raise on a non-zero exit."""
+    OpenMP threads (None: torch's own choice): benchmarks and recipe runs. ``check``: raise on a non-zero exit;
+    ``read(folder)``: what to keep of the folder (e.g. the run's record) before it is removed."""
     env = clean_env(keep_data_dir=True)
     if threads is None:
         env.pop("OMP_NUM_THREADS")
@@ -213,6 +215,8 @@ def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optiona
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="train-py-") as cwd:
         finished = run_train(args, Path(cwd), timeout_s, env)
+        if read is not None:
+            finished.record = read(Path(cwd))
     if check and finished.returncode != 0:
         raise RuntimeError(f"train.py {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
     return finished

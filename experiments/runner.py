@@ -4,10 +4,11 @@ Every run is a subprocess of the real ``train.py`` in a folder of its own (so it
 TensorBoard logs and checkpoints land there and runs never collide). What is reported is
 read from the run's own records, never recomputed:
 
-* ``runs/fashion_mnist/version_0/time_to_accuracy.csv``: epoch, cumulative training seconds, val acc, val loss;
-* ``runs/fashion_mnist/version_0/hparams.yaml``: the derived numbers of the start block (effective
+* ``runs/<run name>/version_0/metrics.csv``: each epoch's cumulative training seconds, images/sec, val acc and
+  val loss (callbacks/run_record.py reads them);
+* ``runs/<run name>/version_0/hparams.yaml``: the derived numbers of the start block (effective
   batch, scaled lr, warm-up steps, optimizer, world size);
-* rank 0's epoch lines on stdout (``Images/sec = ...``) and the exit code (70: training diverged).
+* the exit code (70: training diverged). Nothing is read from stdout.
 
 Ranks: ``devices`` processes per run. Up to ``max_ranks_per_node`` (default: the most ``--devices``
 accepts on CPU, 8 per core, cli/checks.py) they are one ``train.py --strategy ddp --devices N``
@@ -43,16 +44,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from callbacks.throughput import parse_epoch_lines
+from callbacks.run_record import read_epochs, run_dirs
 from cli import launch
 from cli.checks import CPU_RANKS_PER_CORE
+from cli.outputs import short_name
 from runtime.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"
 RECIPES = REPO / "configs" / "recipes"
 DIVERGED_EXIT = int(ExitCode.DIVERGED)
-RUN_FOLDER = Path("runs") / "fashion_mnist" / "version_0"  # every run starts in an empty folder
 RESULT_FILE = "result.json"  # exit code and wall time, written when the run has ended
 
 
@@ -104,9 +105,9 @@ class RunResult:
     spec: RunSpec
     returncode: int
     wall_s: float  # the whole command, start-up and validation included
-    rows: List[dict]  # time_to_accuracy.csv: epoch, cumulative_s, val_acc, val_loss (floats, None when empty)
-    summary: dict  # hparams.yaml: effective_batch_size, scaled_lr, warmup_steps, optimizer...
-    images_per_sec: List[float]  # from rank 0's epoch lines
+    rows: List[dict]  # the record's epochs: epoch, cumulative_s, val_acc, val_loss (floats, None when not measured)
+    summary: dict  # hparams.yaml, flat: effective_batch_size, scaled_lr, warmup_steps, optimizer, momentum...
+    images_per_sec: List[float]  # the record's epochs
     stderr_tail: str = ""
 
     @property
@@ -128,8 +129,9 @@ class RunResult:
         return any(not math.isfinite(v) for v in values)
 
     def to_target(self, target: float) -> Optional[dict]:
-        """The first epoch row with val acc >= target, else None."""
-        return next((r for r in self.rows if r["val_acc"] is not None and r["val_acc"] >= target), None)
+        """The first timed epoch row with val acc >= target, else None."""
+        return next((r for r in self.rows if r["val_acc"] is not None and r["val_acc"] >= target
+                     and r["cumulative_s"] is not None), None)
 
     @property
     def median_images_per_sec(self) -> Optional[float]:
@@ -179,21 +181,22 @@ def commands(spec: RunSpec, budget: Budget, max_ranks_per_node: int) -> List[Lis
              "--strategy", "ddp", "--devices", str(per_node), "--num_nodes", str(k)] for node in range(k)]
 
 
-def read_rows(path: Path) -> List[dict]:
-    if not path.is_file():
-        return []
-    with open(path, newline="") as f:
-        return [{"epoch": int(row["epoch"]), "cumulative_s": float(row["cumulative_s"]),
-                 "val_acc": float(row["val_acc"]) if row["val_acc"] else None,
-                 "val_loss": float(row["val_loss"]) if row["val_loss"] else None} for row in csv.DictReader(f)]
-
-
 def read_summary(path: Path) -> dict:
+    """hparams.yaml, flat: the network's and optimizer's short names, their init_args beside the other values."""
     if not path.is_file():
         return {}
     with open(path) as f:
-        loaded = yaml.safe_load(f)  # plain values: numbers and strings
-    return loaded if isinstance(loaded, dict) else {}
+        loaded = yaml.safe_load(f)  # plain values: numbers, strings and the class paths' dicts
+    if not isinstance(loaded, dict):
+        return {}
+    summary = {key: value for key, value in loaded.items() if not isinstance(value, dict)}
+    for key in ("network", "optimizer"):
+        entry = loaded.get(key)
+        if isinstance(entry, dict):
+            summary[key] = short_name(f"--model.{key}", entry.get("class_path"))
+            for name, value in (entry.get("init_args") or {}).items():
+                summary.setdefault(name, value)
+    return summary
 
 
 def run(spec: RunSpec, budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None,
@@ -228,15 +231,16 @@ def run(spec: RunSpec, budget: Budget, out_dir: Path, max_ranks_per_node: Option
 
 
 def read_result(spec: RunSpec, folder: Path) -> RunResult:
-    """A finished run's records: exit code and wall time, its epochs' val acc, the start block, rank 0's lines."""
+    """A finished run's records: exit code and wall time, its epochs (metrics.csv), the start block (hparams.yaml)."""
     ended = json.loads((folder / RESULT_FILE).read_text())
-    logs = folder / "logs"
-    stdout = (logs / "node0.out").read_text(errors="replace") if (logs / "node0.out").is_file() else ""
-    stderr = "".join(p.read_text(errors="replace") for p in sorted(logs.glob("node*.err")))
-    return RunResult(spec, int(ended["returncode"]), float(ended["wall_s"]),
-                     read_rows(folder / RUN_FOLDER / "time_to_accuracy.csv"),
-                     read_summary(folder / RUN_FOLDER / "hparams.yaml"),
-                     [line.images_per_sec for line in parse_epoch_lines(stdout)], stderr[-3000:])
+    stderr = "".join(p.read_text(errors="replace") for p in sorted((folder / "logs").glob("node*.err")))
+    runs = run_dirs(folder / "runs")  # every run starts in an empty folder: one run
+    records = read_epochs(runs[-1]) if runs else []
+    rows = [{"epoch": r.epoch, "cumulative_s": r.cumulative_s, "val_acc": r.val_acc, "val_loss": r.val_loss}
+            for r in records]
+    return RunResult(spec, int(ended["returncode"]), float(ended["wall_s"]), rows,
+                     read_summary(runs[-1] / "hparams.yaml") if runs else {},
+                     [r.images_per_sec for r in records if r.images_per_sec is not None], stderr[-3000:])
 
 
 def load(specs: Sequence[RunSpec], out_dir: Path) -> List[RunResult]:
@@ -309,7 +313,8 @@ def plot_curves(results: Sequence[RunResult], labels: Sequence[str], path: Path,
     palette = colormaps["tab10" if len(names) <= 10 else "tab20"]
     seen = set()
     for result, label in zip(results, labels):
-        rows = [r for r in result.rows if r["val_acc"] is not None and math.isfinite(r["val_acc"])]
+        rows = [r for r in result.rows if r["val_acc"] is not None and math.isfinite(r["val_acc"])
+                and r["cumulative_s"] is not None]
         if not rows:
             continue
         style = dict(marker="o", color=palette(names.index(label) % palette.N), label=None if label in seen else label)

@@ -29,7 +29,7 @@ Model selection stays honest: validation is on ``--val_size`` training images he
 one on those images, median and range over ``--seeds``. Writes into ``--out_dir``: ``takeaways.md``
 (the table and the verdict rules), ``takeaways.csv`` (one line per row), ``takeaways_runs.csv``
 (one per run), ``takeaways.png`` (val acc against epoch, every run) and ``runs/<run>/`` (each run's
-command, output, TensorBoard logs, time_to_accuracy.csv).
+command, output, TensorBoard logs and metrics.csv).
 """
 
 import argparse

@@ -13,7 +13,6 @@ from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from runtime import checkpoint_io, compat, lifetime
@@ -33,9 +32,10 @@ class Resume:
 
 
 def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
-            attempt: int = 1) -> Resume:
+            attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
     """``last_files``: the ``last*.ckpt`` candidates; ``folders``: the checkpoint folders; ``restarts``/``attempt``:
-    torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py)."""
+    torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py); ``elsewhere``: other experiments'
+    folders that hold a last checkpoint (named in the error when ``last`` finds none here)."""
     if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] in ("hpc", "registry"):
         return Resume(ckpt_path or None)
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
@@ -55,9 +55,13 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
         return Resume(None, lines=(f"--ckpt_path last: no last checkpoint in {where} yet: starting a new run "
                                    f"(torchrun attempt {attempt} of {restarts + 1})",))
     if not last_files:
+        others = (f"; other experiments have one ({', '.join(elsewhere)}): the folder is named by the run's network, "
+                  f"strategy, devices, batch and optimizer, so resume one with the flags it ran with"
+                  if elsewhere else "")
         raise CheckpointNotFoundError(
             f"--ckpt_path last: no last checkpoint (last*.ckpt) in {where}, so there is nothing to resume (Lightning "
-            f"would only warn and start from scratch); drop --ckpt_path to start a new run, or give a .ckpt file")
+            f"would only warn and start from scratch); drop --ckpt_path to start a new run, or give a .ckpt file"
+            f"{others}")
     chosen, rejected = checkpoint_io.newest_valid(last_files)
     if chosen is None:
         others = {p for f in folders for p in Path(f).glob("*.ckpt")} - last_files
@@ -85,6 +89,12 @@ def finished_training(checkpoint: dict, max_epochs: Optional[int], max_steps: Op
 
 
 # ------------------------------------------------------------------ random generators
+
+
+def run_seed() -> int:
+    """The run's seed, as ``seed_everything`` set it for every rank (``PL_GLOBAL_SEED``; 0 when none was set): the one
+    place it is read, by everything that draws per (seed, rank, epoch, step): the sampler, augmentation, noise."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def capture() -> Dict[str, Any]:
@@ -192,17 +202,10 @@ def continue_run(loggers, checkpoint: Dict[str, Any]) -> Optional[str]:
 # ------------------------------------------------------------------ for one trainer
 
 
-def prepare(trainer: Trainer, subcommand: str, ckpt_path: Optional[str]) -> Optional[str]:
-    """Resolve ``--ckpt_path`` for ``trainer`` before anything launches and return what the subcommand loads: prints
-    the resolution's warnings on rank 0; in fit, raises NothingToTrain for a finished run and continues the
-    checkpoint's TensorBoard run (``last``) or starts a new one."""
-    checkpoints = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
-    folders = sorted({str(cb.dirpath) for cb in checkpoints if cb.dirpath})
-    last = set()
-    if ckpt_path == "last":
-        last = compat.last_checkpoint_files(trainer) | {
-            cb.ckpt_path for cb in trainer.callbacks if isinstance(cb, OnExceptionCheckpoint) and os.path.isfile(cb.ckpt_path)}
-    resumed = resolve(ckpt_path, last, folders, lifetime.max_restarts(), lifetime.attempt())
+def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]:
+    """Apply a resolved ``--ckpt_path`` (:func:`resolve`, from the config's checkpoint folders) to ``trainer`` before
+    anything launches and return what the subcommand loads: prints the resolution's warnings on rank 0; in fit, raises
+    NothingToTrain for a finished run and continues the checkpoint's TensorBoard run (``last``) or starts a new one."""
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)

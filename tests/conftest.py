@@ -34,6 +34,14 @@ def workdir(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+def experiment_dir(cwd: Path) -> Path:
+    """The one experiment folder a run made in ``cwd``: ``runs/<run name>/`` (its ``version_N`` logs and its
+    ``checkpoints``), whatever the run was named."""
+    found = [p for p in (Path(cwd) / "runs").iterdir() if p.is_dir()]
+    assert len(found) == 1, f"expected one experiment folder in {cwd}/runs, found {[p.name for p in found]}"
+    return found[0]
+
+
 # Who runs permission tests when the suite runs as root (root reads and writes whatever the modes say).
 UNPRIVILEGED_UID = 65534  # nobody
 

@@ -16,7 +16,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cli.launch import clean_env, running_in, start_all, stop
-from tests.conftest import TRAIN_PY, run_train
+from tests.conftest import TRAIN_PY, run_train, experiment_dir
 
 # torchrun restarts in tests/test_restarts.py: one per attempt but the last, 10 as docs/reliability.md promises (each
 # attempt costs ~10 s of start-up on 2 cores, mostly imports; FASHION_MNIST_TEST_RESTARTS=3 for a quicker check).
@@ -33,11 +33,11 @@ DETERMINISTIC_TAGS = ("train/loss", "val/loss", "val/acc", "lr-SGD/pg1", "lr-SGD
 
 
 def run_folder(cwd: Path) -> Path:
-    return cwd / "runs" / "fashion_mnist" / "version_0"
+    return experiment_dir(cwd) / "version_0"
 
 
 def last_checkpoint(cwd: Path) -> dict:
-    return torch.load(cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt", map_location="cpu",
+    return torch.load(experiment_dir(cwd) / "checkpoints" / "last.ckpt", map_location="cpu",
                       weights_only=False)
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from callbacks.throughput import parse_epoch_lines
+from tests.epoch_lines import parse_epoch_lines
 from runtime.checkpoint_io import verify
-from tests.conftest import run_train
+from tests.conftest import experiment_dir, run_train
 from tests.unit.test_checkpoint_io import flip_bytes
 
 TIMEOUT_S = 120
@@ -51,11 +51,11 @@ def trained(tmp_path_factory, fashion_root):
 
 def copy_of(trained: Path, tmp_path: Path) -> Path:
     shutil.copytree(trained / "runs", tmp_path / "runs")
-    return tmp_path / "runs" / "fashion_mnist" / "checkpoints"
+    return experiment_dir(tmp_path) / "checkpoints"
 
 
 def test_every_checkpoint_has_a_matching_sidecar(trained):
-    folder = trained / "runs" / "fashion_mnist" / "checkpoints"
+    folder = experiment_dir(trained) / "checkpoints"
     names = sorted(p.name for p in folder.iterdir())
     assert "last.ckpt" in names and "last.ckpt.sha256" in names and len(names) == 4, names  # best and last
     for ckpt in folder.glob("*.ckpt"):
@@ -98,8 +98,8 @@ def test_a_truncated_newest_last_falls_back_to_the_newest_valid_checkpoint_with_
 def test_a_finished_run_relaunched_with_last_exits_0_without_training(trained, tmp_path, fashion_root):
     """What a requeued job that had already finished does: nothing, exit 0, before any rank starts."""
     copy_of(trained, tmp_path)
-    result = run_train(["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "2", "--ckpt_path", "last"],
-                       cwd=tmp_path, timeout=TIMEOUT_S)
+    result = run_train(["--data_dir", str(fashion_root), "--network", "mlp", "--batch_size", "32", "--epochs", "2",
+                        "--ckpt_path", "last"], cwd=tmp_path, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"^train\.py: .*last\.ckpt has finished training: 2 epoch\(s\) trained, --epochs 2",
                      result.stdout, re.M), result.stdout
@@ -113,5 +113,5 @@ def test_a_failed_save_exits_73_naming_the_path(tmp_path, fashion_root):
     assert result.returncode == CANT_CREATE, result.stderr[-3000:]
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "cannot write checkpoint" in errors[0], result.stderr[-3000:]
-    assert str(tmp_path / "runs" / "fashion_mnist" / "checkpoints") in errors[0]
+    assert str(experiment_dir(tmp_path) / "checkpoints") in errors[0]
     assert "Epoch 2" not in result.stdout

@@ -10,8 +10,8 @@ def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, f
     result = run_train(["--data_dir", str(fashion_root), "--optimizer", "adam"], cwd=workdir)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "train.py: error: Parser key \"model.optimizer\"" in result.stderr
-    assert "'sgd', 'adamw', 'novograd', 'lamb', 'lars'" in result.stderr
+    assert "train.py: error: unknown optimizer 'adam': choose one of sgd, adamw, novograd, lamb, lars, or give a class " \
+        "path (e.g. --optimizer torch.optim.SGD)" in result.stderr
 
 
 def test_devices_4_on_this_machines_cores_trains_with_one_warning(tmp_path, fashion_root):
@@ -52,9 +52,9 @@ def test_unwritable_log_folder_exits_73(shared_tmp, fashion_root):
                        unprivileged=True)
     assert result.returncode == 73, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
-    assert errors == [f"train.py: error: trainer.logger.init_args.save_dir is runs, which cannot be written: "
-                      f"{shared_tmp / 'runs'} is not writable; give a writable folder (e.g. "
-                      f"--trainer.logger.init_args.save_dir and the ModelCheckpoint dirpath in your config)"]
+    assert errors == [f"train.py: error: trainer.default_root_dir is runs, which cannot be written: "
+                      f"{shared_tmp / 'runs'} is not writable; give a writable folder (--trainer.default_root_dir: "
+                      f"logs and checkpoints go under it)"]
     assert list((shared_tmp / "runs").iterdir()) == []
 
 

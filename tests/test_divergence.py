@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from cli.launch import clean_env, free_port, running_in, start_all, wait_all
-from tests.conftest import TRAIN_PY, run_train
+from callbacks.run_record import read_epochs
+from tests.conftest import TRAIN_PY, experiment_dir, run_train
 
 DIVERGED = 70
 LINE = re.compile(r"^train\.py: error: training diverged")
@@ -67,6 +68,10 @@ def test_accuracy_at_chance_an_epoch_after_warmup_stops_before_that_epochs_check
                     r"\(optimizer step 16\), at chance \(<= 0\.11\) 1 epoch\(s\) after warm-up ended", errors[0])
     saved = checkpoints(workdir)
     assert "last.ckpt" in saved and {c["epoch"] for c in saved.values()} == {0}  # epoch 1's only
+    # The record has epoch 2's validation, the one judged, marked as where the run diverged.
+    first, second = read_epochs(experiment_dir(workdir) / "version_0")
+    assert not first.diverged and first.cumulative_s is not None
+    assert second.diverged and f"{second.val_acc:.3f}" in errors[0] and second.cumulative_s is None
 
 
 # ------------------------------------------------------------------ two gloo processes

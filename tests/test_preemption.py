@@ -24,7 +24,7 @@ from cli.launch import (
     wait_all,
 )
 from runtime.checkpoint_io import verify
-from tests.conftest import TRAIN_PY
+from tests.conftest import TRAIN_PY, experiment_dir
 
 pytestmark = pytest.mark.multiprocess
 
@@ -77,7 +77,7 @@ def stop_lines(stderr: str) -> list:
 
 
 def checkpoint_dir(cwd: Path) -> Path:
-    return cwd / "runs" / "fashion_mnist" / "checkpoints"
+    return experiment_dir(cwd) / "checkpoints"
 
 
 def assert_verified_last(cwd: Path, line: str) -> dict:

@@ -19,7 +19,7 @@ from tensorboard.util import tensor_util
 
 from cli.launch import clean_env, start_all
 from runtime.lifetime import DISABLE_SHARED_STORE
-from tests.conftest import TRAIN_PY
+from tests.conftest import TRAIN_PY, experiment_dir
 from tests.seeded_runs import (
     DDP,
     DETERMINISTIC_TAGS,
@@ -95,7 +95,7 @@ def plugin_scalars(folder):
 def test_tensorboard_shows_one_value_per_step_after_the_restarts(restarted, seeded_runs):
     job, record, _ = restarted
     assert job.returncode == 0, job.tail()
-    runs = sorted(p.name for p in (record.parent / "runs" / "fashion_mnist").glob("version_*"))
+    runs = sorted(p.name for p in experiment_dir(record.parent).glob("version_*"))
     assert runs == ["version_0"], runs  # every attempt continued the checkpoint's run folder
     folder = run_folder(record.parent)
     assert len(list(folder.glob("events.out.tfevents.*"))) == RESTARTS + 1

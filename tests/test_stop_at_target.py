@@ -1,11 +1,12 @@
-"""--target_accuracy/--patience stop at the right epoch; time_to_accuracy.csv matches the epoch lines."""
+"""--target_accuracy/--patience stop at the right epoch; the run's record (metrics.csv) holds what the epoch lines
+print."""
 
-import csv
 import re
 
 import pytest
 
-from tests.conftest import run_train
+from callbacks.run_record import read_epochs
+from tests.conftest import experiment_dir, run_train
 from tests.test_training import epoch_lines
 
 STOP_LINE = re.compile(
@@ -32,11 +33,6 @@ def expected_stop(accuracies, target, patience):
     return None
 
 
-def read_csv(run_dir):
-    with open(run_dir / "time_to_accuracy.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def check_stop_and_record(result, run_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = epoch_lines(result.stdout)
@@ -46,26 +42,26 @@ def check_stop_and_record(result, run_dir):
     assert accuracies[0] < TARGET  # not trivially: the first epoch was below the target
     (stop_line,) = STOP_LINE.findall(result.stdout)
     assert stop_line == (f"{TARGET:g}", str(PATIENCE), str(stop), f"{lines[-1].val_acc:.3f}", f"{lines[-1].cumulative_s:.3f}")
-    rows = read_csv(run_dir)
-    assert [int(r["epoch"]) for r in rows] == list(range(1, stop + 1))  # one row per epoch
-    for row, line in zip(rows, lines):
-        assert f"{float(row['cumulative_s']):.3f}" == f"{line.cumulative_s:.3f}"
-        assert f"{float(row['val_loss']):.3f}" == f"{line.val_loss:.3f}"
-        assert f"{float(row['val_acc']):.3f}" == f"{line.val_acc:.3f}"
+    records = read_epochs(run_dir)
+    assert [r.epoch for r in records] == list(range(1, stop + 1))  # one record per epoch
+    for record, line in zip(records, lines):  # each line printed from its record
+        assert (f"{record.cumulative_s:.3f}", f"{record.images_per_sec:.2f}") == (
+            f"{line.cumulative_s:.3f}", f"{line.images_per_sec:.2f}")
+        assert (f"{record.val_loss:.3f}", f"{record.val_acc:.3f}") == (f"{line.val_loss:.3f}", f"{line.val_acc:.3f}")
     assert (run_dir / "time_to_accuracy.png").stat().st_size > 1000
 
 
 def test_stops_after_patience_epochs_at_target_and_records_time_to_accuracy(workdir, fashion_root):
     result = run_train(["--data_dir", str(fashion_root), *SLOW, "--target_accuracy", str(TARGET),
                         "--patience", str(PATIENCE)], cwd=workdir)
-    check_stop_and_record(result, workdir / "runs" / "fashion_mnist" / "version_0")
+    check_stop_and_record(result, experiment_dir(workdir) / "version_0")
 
 
 def test_without_a_target_every_epoch_runs_and_is_recorded(workdir, fashion_root):
     result = run_train(["--data_dir", str(fashion_root), *SLOW, "--epochs", "2"], cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Target reached" not in result.stdout
-    assert len(read_csv(workdir / "runs" / "fashion_mnist" / "version_0")) == len(epoch_lines(result.stdout)) == 2
+    assert len(read_epochs(experiment_dir(workdir) / "version_0")) == len(epoch_lines(result.stdout)) == 2
 
 
 @pytest.mark.multiprocess
@@ -73,4 +69,4 @@ def test_two_ddp_ranks_stop_together_and_rank_0_alone_reports(workdir, fashion_r
     result = run_train(["--data_dir", str(fashion_root), *SLOW, "--strategy", "ddp", "--devices", "2",
                         "--batch_size", "16", "--target_accuracy", str(TARGET), "--patience", str(PATIENCE)],
                        cwd=workdir)
-    check_stop_and_record(result, workdir / "runs" / "fashion_mnist" / "version_0")
+    check_stop_and_record(result, experiment_dir(workdir) / "version_0")

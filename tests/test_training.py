@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from callbacks.throughput import parse_epoch_lines
-from tests.conftest import run_train
+from callbacks.run_record import read_epochs
+from tests.epoch_lines import parse_epoch_lines
+from tests.conftest import run_train, experiment_dir
 
 
 def scalars(log_dir):
@@ -58,7 +59,7 @@ def test_prints_one_workshop_line_per_epoch(first_run):
 
 def test_training_time_excludes_validation(first_run):
     cwd, _ = first_run
-    found = scalars(cwd / "runs" / "fashion_mnist" / "version_0")
+    found = scalars(experiment_dir(cwd) / "version_0")
     for step_epoch_s, step_data, step_compute in zip(found["time/epoch_s"], found["time/data_wait_s"], found["time/compute_s"]):
         epoch_s = step_epoch_s[1]
         assert epoch_s < VALIDATION_SLEEP_S  # each validation pass sleeps that long
@@ -76,7 +77,7 @@ def test_start_block_shows_effective_batch_and_scaled_lr(first_run):
 
 def test_writes_best_and_last_checkpoints(first_run):
     cwd, _ = first_run
-    checkpoints = cwd / "runs" / "fashion_mnist" / "checkpoints"
+    checkpoints = experiment_dir(cwd) / "checkpoints"
     names = sorted(p.name for p in checkpoints.glob("*.ckpt"))
     assert "last.ckpt" in names
     assert any(re.fullmatch(r"best-epoch0[01]-acc\d\.\d{4}\.ckpt", n) for n in names), names
@@ -84,7 +85,7 @@ def test_writes_best_and_last_checkpoints(first_run):
 
 def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
     cwd, _ = first_run
-    run_dir = cwd / "runs" / "fashion_mnist" / "version_0"
+    run_dir = experiment_dir(cwd) / "version_0"
     found = scalars(run_dir)
     for tag in ["train/loss", "val/loss", "val/acc", "test/acc", "throughput/images_per_sec",
                 "throughput/images_per_sec_per_device", "time/epoch_s", "time/cumulative_s",
@@ -98,8 +99,8 @@ def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
 
 def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorboard(first_run):
     cwd, result = first_run
-    images, found = {}, scalars(cwd / "runs" / "fashion_mnist" / "version_0")
-    for events in (cwd / "runs" / "fashion_mnist" / "version_0").glob("events.*"):
+    images, found = {}, scalars(experiment_dir(cwd) / "version_0")
+    for events in (experiment_dir(cwd) / "version_0").glob("events.*"):
         accumulator = EventAccumulator(str(events), size_guidance={"images": 0})
         accumulator.Reload()
         images.update({tag: accumulator.Images(tag) for tag in accumulator.Tags()["images"]})
@@ -112,7 +113,7 @@ def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorbo
 
 def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
     cwd, _ = first_run
-    (events,) = [p for p in (cwd / "runs" / "fashion_mnist" / "version_0").glob("events.*")
+    (events,) = [p for p in (experiment_dir(cwd) / "version_0").glob("events.*")
                  if b"_hparams_/session_start_info" in p.read_bytes()]
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
@@ -134,10 +135,10 @@ def test_resume_from_last_continues_at_the_next_epoch(first_run, fashion_root):
 
 def test_predict_writes_one_csv_row_per_test_image(first_run, fashion_root):
     cwd, _ = first_run
-    last = cwd / "runs" / "fashion_mnist" / "checkpoints" / "last.ckpt"
+    last = experiment_dir(cwd) / "checkpoints" / "last.ckpt"
     result = run_train(["predict", "--data_dir", str(fashion_root), "--ckpt_path", str(last)], cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
-    (csv_path,) = (cwd / "runs" / "fashion_mnist").glob("version_*/predictions.csv")
+    (csv_path,) = (cwd / "runs").glob("*/version_*/predictions.csv")  # in predict's own run folder
     rows = [line.split(",") for line in csv_path.read_text().splitlines()]
     assert rows[0] == ["index", "class_id", "class_name"]
     assert [int(r[0]) for r in rows[1:]] == list(range(101))
@@ -157,3 +158,15 @@ def test_installed_console_script_is_train_py(workdir):
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "max_epochs: 4" in result.stdout
+
+
+def test_a_stop_mid_epoch_prints_n_a_for_the_validation_it_did_not_run(workdir, fashion_root):
+    """max_steps 10 at 8 steps per epoch: epoch 2 stops after 2 steps, and no validation runs in it."""
+    result = run_train(["--data_dir", str(fashion_root), "--network", "mlp", "--batch_size", "32", "--epochs", "3",
+                        "--trainer.max_steps", "10", "--test_after_fit", "false"], cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first, second = epoch_lines(result.stdout)
+    assert first.val_acc is not None and (second.epoch, second.val_loss, second.val_acc) == (2, None, None)
+    records = read_epochs(experiment_dir(workdir) / "version_0")
+    assert [(r.epoch, r.val_acc is None) for r in records] == [(1, False), (2, True)]
+    assert f"{records[1].cumulative_s:.3f}" == f"{second.cumulative_s:.3f}"

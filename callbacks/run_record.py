@@ -1,0 +1,182 @@
+"""A run's results as data: ``metrics.csv`` in the run folder beside TensorBoard's event files and ``hparams.yaml``,
+written through Lightning's logging, and the readers tools use instead of stdout (benchmarks/, experiments/).
+
+Every metric a run logs is a row of ``metrics.csv`` (``step``, ``epoch`` from 0, then one column per tag). The
+per-epoch record is the rows of one epoch taken together (:func:`read_epochs`): the epoch line's cumulative training
+time and images/sec, validation loss and accuracy, and ``train/diverged`` when the run stopped there diverged; the
+test's figures are the ``test/*`` columns (:func:`read_latest`). docs/reporting.md."""
+
+import csv
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
+
+from runtime import compat
+from strategies import describe_run
+
+FILE_NAME = "metrics.csv"
+# TensorBoard's HPARAMS tab gets these columns, tied to scalar tags every run logs anyway.
+HPARAMS_METRICS = ("val/acc", "val/loss", "throughput/images_per_sec")
+
+
+class MetricsCSV(Logger):
+    """``metrics.csv`` in ``run``'s folder (the same version): Lightning's CSVLogger picks a version of its own and
+    erases the file when a run continues in its folder; here a resumed run (``--ckpt_path last``) keeps the rows before
+    the step it resumes from (TensorBoard purges the same ones) and appends. Rank 0 writes; every write replaces the
+    file whole (a reader never sees half a row)."""
+
+    def __init__(self, run: TensorBoardLogger) -> None:
+        super().__init__()
+        self.run = run
+        self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def version(self) -> Union[int, str]:
+        return self.run.version
+
+    @property
+    def save_dir(self) -> str:
+        return self.run.save_dir
+
+    @property
+    def log_dir(self) -> str:
+        return self.run.log_dir
+
+    @property
+    def path(self) -> Path:
+        return Path(self.log_dir) / FILE_NAME
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """TensorBoard's logger writes them to ``hparams.yaml`` in the same folder."""
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Dict[str, float], step: Optional[int] = None) -> None:
+        if self.rows is None:
+            resumed_at = compat.tensorboard_purge_step(self.run) or 0
+            self.rows = [row for row in read_rows(self.path) if float(row.get("step") or 0) < resumed_at]
+        self.rows.append({"step": step, **{key: float(value) for key, value in metrics.items()}})
+
+    @rank_zero_only
+    def save(self) -> None:
+        if not self.rows:
+            return
+        columns = list(dict.fromkeys(key for row in self.rows for key in row))
+        columns = ["step", "epoch"] + [c for c in columns if c not in ("step", "epoch")]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{FILE_NAME}.tmp-{os.getpid()}")
+        with open(partial, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        os.replace(partial, self.path)
+
+    def finalize(self, status: str) -> None:
+        self.save()
+
+
+def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
+    """The rows of a ``metrics.csv`` as written (empty cells are ""); [] when there is no file."""
+    try:
+        with open(path, newline="") as handle:
+            return list(csv.DictReader(handle))
+    except FileNotFoundError:
+        return []
+
+
+def _number(text: Optional[str]) -> Optional[float]:
+    return float(text) if text not in (None, "") else None
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One training epoch as its line reports it (None: not measured, e.g. no validation ran in that epoch)."""
+
+    epoch: int  # from 1, as the epoch line counts
+    cumulative_s: Optional[float]
+    images_per_sec: Optional[float]
+    val_loss: Optional[float]
+    val_acc: Optional[float]
+    diverged: bool = False
+
+
+def read_epochs(run_dir: Union[str, Path]) -> List[EpochRecord]:
+    """The per-epoch record of the run in ``run_dir``, epoch by epoch: the last value of each tag in that epoch."""
+    merged: Dict[int, Dict[str, float]] = {}
+    for row in read_rows(Path(run_dir) / FILE_NAME):
+        if row.get("epoch") in (None, ""):
+            continue
+        values = merged.setdefault(int(float(row["epoch"])), {})
+        values.update({key: number for key, text in row.items() if (number := _number(text)) is not None})
+    records = []
+    for epoch, values in sorted(merged.items()):
+        if "time/cumulative_s" in values or "val/acc" in values or "train/diverged" in values:
+            records.append(EpochRecord(epoch + 1, values.get("time/cumulative_s"),
+                                       values.get("throughput/images_per_sec"), values.get("val/loss"),
+                                       values.get("val/acc"), bool(values.get("train/diverged"))))
+    return records
+
+
+def read_latest(run_dir: Union[str, Path]) -> Dict[str, float]:
+    """The last value logged of every tag of the run in ``run_dir`` (``test/acc``, ``time/first_step_s``,
+    ``memory/parameters_mb``...); {} when there is no record."""
+    found: Dict[str, float] = {}
+    for row in read_rows(Path(run_dir) / FILE_NAME):
+        found.update({key: number for key, text in row.items() if (number := _number(text)) is not None})
+    return found
+
+
+def run_dirs(root: Union[str, Path]) -> List[Path]:
+    """The run folders (``<name>/version_<n>``) under ``root`` (a ``default_root_dir``) that hold a ``metrics.csv``,
+    oldest first."""
+    return sorted((p.parent for p in Path(root).glob(f"*/version_*/{FILE_NAME}")), key=lambda p: p.stat().st_mtime)
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """What a tool reads back from a run: its epochs and its test figures."""
+
+    folder: Optional[Path]
+    epochs: List[EpochRecord]
+    latest: Dict[str, float]  # read_latest
+
+    @property
+    def test(self) -> Dict[str, float]:
+        """The test's figures (``test/acc``, ``test/loss``...)."""
+        return {key: value for key, value in self.latest.items() if key.startswith("test/")}
+
+
+def read_run(root: Union[str, Path]) -> RunResults:
+    """The newest run under ``root`` (a ``default_root_dir``, e.g. a scratch folder's ``runs``)."""
+    found = run_dirs(root)
+    if not found:
+        return RunResults(None, [], {})
+    return RunResults(found[-1], read_epochs(found[-1]), read_latest(found[-1]))
+
+
+class RunRecord(Callback):
+    """The run's hyperparameters with the numbers derived from them (batch plan, learning rates, strategy: the start
+    block's) to every logger when fit starts: ``hparams.yaml`` and TensorBoard's HPARAMS tab. The CLI adds it."""
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        params = dict(compat.public_hparams(pl_module.hparams))
+        plan, rates = getattr(pl_module, "batch_plan", None), getattr(pl_module, "learning_rates", None)
+        params.update(plan.as_dict() if plan is not None else {})
+        params.update(asdict(rates) if rates is not None else {})
+        params.update(describe_run(trainer))
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)
+            if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:
+                # Columns tied to tags the run logs anyway (log_hyperparams with metrics would write fake scalars).
+                plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
+                compat.write_tensorboard_summaries(logger, tensorboard_hparams(plain,
+                                                                               dict.fromkeys(HPARAMS_METRICS, 0.0)))

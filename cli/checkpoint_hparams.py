@@ -1,0 +1,131 @@
+"""A checkpoint's stored hyperparameters against what the user gave. The rule (README, "Resume"): what the command line
+or a ``--config`` file gives wins; the checkpoint fills in only the model settings nobody gave (so its network loads
+without being named again), for a file and for ``--ckpt_path last`` alike; the start block names every given value
+that differs from the stored one. LightningCLI alone lets the checkpoint win over the command line (Lightning's open
+PR #21455).
+
+A checkpoint may name classes (``model.network.class_path``) and a class path is an import: only the shipped classes
+and those of modules this run has already imported are accepted from a file, so a checkpoint never makes a run import
+(and so run) code."""
+
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Sequence, Set
+
+import yaml
+
+from cli.shorthand import CLASS_NAMES, SHORTHAND
+from runtime.errors import CheckpointRefused
+
+MODEL = "model"
+INTERNAL_KEYS = ("_instantiator",)  # LightningCLI's own entry in the stored hyperparameters
+
+
+def _yaml_keys(name: str, prefix: str = "") -> Set[str]:
+    try:
+        with open(name) as stream:
+            loaded = yaml.safe_load(stream)
+    except (OSError, yaml.YAMLError):
+        return set()  # check_config_file and jsonargparse say what is wrong with it
+    return set(flat(loaded, prefix)) if isinstance(loaded, dict) else set()
+
+
+def given_keys(args: Sequence[str]) -> Set[str]:
+    """The dotted keys the user set in ``args`` (expanded: full keys, subcommand first): every flag's key and every
+    key of every ``--config`` file."""
+    keys: Set[str] = set()
+    for i, token in enumerate(args):
+        if not token.startswith("--"):
+            continue
+        key, _, value = token[2:].partition("=")
+        if key == "config":
+            keys |= _yaml_keys(value or (args[i + 1] if i + 1 < len(args) else ""))
+        elif key.startswith(f"{MODEL}.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
+                and not key.endswith(".class_path"):
+            first, second, rest = key.split(".", 2)  # jsonargparse's --model.optimizer.lr: --model.optimizer.init_args.lr
+            keys.add(f"{first}.{second}.init_args.{rest}" if second in ("network", "optimizer") else key)
+        else:
+            keys.add(key)
+    # Giving a class path gives the whole setting: its init_args are the new class's, not the checkpoint's.
+    return {key.removesuffix(".class_path") for key in keys}
+
+
+def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    """Nested dicts as {dotted key: leaf}; a class path and its init_args are separate leaves."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    found: Dict[str, Any] = {}
+    for key, value in tree.items():
+        found.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return found
+
+
+def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
+    """The model's stored hyperparameters, with every class path checked (see the module docstring)."""
+    stored = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k not in INTERNAL_KEYS}
+    shipped = {path for names in CLASS_NAMES.values() for path in names.values()}
+    for key, value in flat(stored, MODEL).items():
+        if key.rsplit(".", 1)[-1] in ("class_path", "_class_path") and value not in shipped:
+            module = str(value).rpartition(".")[0]
+            if module not in sys.modules:
+                setting = key.rsplit(".", 1)[0]
+                raise CheckpointRefused(
+                    f"checkpoint {path} names {setting} {value}, a class from a module this run has not imported, and "
+                    f"a checkpoint may not make a run import code: give --{setting} {value} (or the --config that "
+                    f"names it) to load it")
+    return stored
+
+
+def check_fits(parser, config, subcommand: str, stored: Dict[str, Any], path: str) -> None:
+    """LightningCLI reads ``stored`` into the config next: a checkpoint whose settings this model does not take (one
+    written by another version of the project) ends here in one line."""
+    if not stored:
+        return
+    try:
+        parser.parse_object({subcommand: {MODEL: stored}}, config.clone())
+    except Exception as error:  # noqa: BLE001 (jsonargparse raises several kinds)
+        raise CheckpointRefused(f"checkpoint {path} stores model settings this version does not take "
+                                f"({' '.join(str(error).split())[:300]}); give --model.network and the other model "
+                                f"settings it was trained with instead of relying on the checkpoint") from error
+
+
+def covered(key: str, given: Iterable[str]) -> bool:
+    """Whether ``key`` or a setting above it was given (giving ``model.optimizer`` gives all of it)."""
+    return any(key == g or key.startswith(f"{g}.") for g in given)
+
+
+def reapply_given(merged, user, given: Set[str]) -> List[str]:
+    """Put the user's given model values (from ``user``, the config before the checkpoint's merge) back into
+    ``merged`` (the subcommand's config after it); returns them as ``key`` (outermost first)."""
+    applied = []
+    for key in sorted((k for k in given if k == MODEL or k.startswith(f"{MODEL}.")), key=lambda k: k.count(".")):
+        if covered(key, applied) or key not in user:
+            continue
+        merged[key] = user[key]
+        applied.append(key)
+    return applied
+
+
+def _shown(key: str) -> str:
+    short = {full[2:]: flag for flag, full in SHORTHAND.items()}
+    return short.get(key, f"--{key}")
+
+
+def differences(applied: Sequence[str], user, stored: Dict[str, Any]) -> List[str]:
+    """``--lr 0.5 (checkpoint: 0.05)`` for every given value the checkpoint stored differently."""
+    stored_flat = flat(stored, MODEL)
+    found = []
+    for key in applied:
+        value = user[key]
+        if hasattr(value, "class_path"):  # a whole network or optimizer: compare what class it is
+            key, value = f"{key}.class_path", value.class_path
+        before = stored_flat.get(key, stored_flat.get(key.replace(".init_args", "")))
+        if before is not None and str(before) != str(value):
+            found.append(f"{_shown(key.removesuffix('.class_path'))} {value} (checkpoint: {before})")
+    return found
+
+
+def start_note(found: Sequence[str], path: str) -> List[str]:
+    """The start block's line for :func:`differences` (none when nothing differs)."""
+    return [f"  given over the checkpoint: {', '.join(found)} ({Path(path).name} stored the values in brackets)"] \
+        if found else []

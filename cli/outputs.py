@@ -1,0 +1,96 @@
+"""Where a run's files go, decided from its config before anything is built: the run's name (what ran:
+``cnn-ddp-4x128-sgd``), its log folder ``<default_root_dir>/<name>/version_<n>/`` and one checkpoint folder per
+experiment, ``<default_root_dir>/<name>/checkpoints/``, which ``--ckpt_path last`` searches (README, "What a run
+writes"). Plain functions of the parsed config, so a test can give them any machine's values."""
+
+import re
+from pathlib import Path
+from typing import Any, List, Optional
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from cli.checks import import_class, parse_devices, resolved_accelerator
+from cli.shorthand import CLASS_NAMES
+
+DEFAULT_ROOT = "runs"
+
+
+def short_name(key: str, class_path: Optional[str]) -> str:
+    """The command line's short name of a network or optimizer class (``fast_cnn``, ``lamb``), else its class name."""
+    names = {path: name for name, path in CLASS_NAMES[key].items()}
+    return names.get(class_path) or str(class_path).rpartition(".")[2].lower()
+
+
+def device_count(devices: Any, accelerator: Any, gpus: Optional[int] = None) -> int:
+    """How many devices ``--devices`` means on this node: ``auto`` is 1 on CPU and every GPU on CUDA."""
+    gpus = (torch.cuda.device_count() if torch.cuda.is_available() else 0) if gpus is None else gpus
+    parsed = parse_devices(devices)
+    if isinstance(parsed, list):
+        return len(parsed)
+    if parsed in ("auto", -1):
+        return gpus if resolved_accelerator(accelerator) == "cuda" and gpus else 1
+    return max(int(parsed), 1)
+
+
+def strategy_name(strategy: Any, devices: int) -> str:
+    """``ddp``, ``fsdp``, ``dp``...; ``auto`` is what Lightning makes of it: one device ``single``, several ``ddp``."""
+    if isinstance(strategy, str):
+        name = strategy.lower()
+        if name == "auto":
+            return "single" if devices == 1 else "ddp"
+        return "fsdp" if name.startswith("fsdp") else name
+    class_path = getattr(strategy, "class_path", None) or type(strategy).__name__
+    name = str(class_path).rpartition(".")[2].removesuffix("Strategy")
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower() or "custom"
+
+
+def run_name(config, gpus: Optional[int] = None) -> str:
+    """``<network>-<strategy>-<devices>x<batch>-<optimizer>`` of a subcommand's parsed config, e.g.
+    ``cnn-ddp-4x128-sgd``; virtual devices read ``8vx128``."""
+    trainer, model, data = config.trainer, config.model, config.data
+    devices = device_count(trainer.devices, trainer.accelerator, gpus) * int(trainer.num_nodes or 1)
+    virtual = int(getattr(data, "virtual_devices", 1) or 1)
+    shape = f"{devices * virtual}vx{data.batch_size}" if virtual > 1 else f"{devices}x{data.batch_size}"
+    network = short_name("--model.network", getattr(model.network, "class_path", None))
+    optimizer = short_name("--model.optimizer", getattr(model.optimizer, "class_path", None))
+    return f"{network}-{strategy_name(trainer.strategy, devices)}-{shape}-{optimizer}"
+
+
+def checkpoint_callbacks(config) -> List[Any]:
+    """The ModelCheckpoint entries (class path and init_args) of ``trainer.callbacks`` in a subcommand's config."""
+    entries = config.trainer.callbacks or []
+    return [entry for entry in entries if isinstance(import_class(getattr(entry, "class_path", None)), type)
+            and issubclass(import_class(entry.class_path), ModelCheckpoint)]
+
+
+def fill_output_paths(config) -> str:
+    """Put the run's folders into a subcommand's config: ``default_root_dir`` (default ``runs``) and, for every
+    ModelCheckpoint without a ``dirpath``, ``<default_root_dir>/<run name>/checkpoints``. Returns the run's name."""
+    trainer = config.trainer
+    if trainer.default_root_dir is None:
+        trainer.default_root_dir = DEFAULT_ROOT
+    name = run_name(config)
+    for entry in checkpoint_callbacks(config):
+        if entry.init_args.dirpath is None:
+            entry.init_args.dirpath = str(Path(trainer.default_root_dir) / name / "checkpoints")
+    return name
+
+
+def checkpoint_folders(config) -> List[str]:
+    """The folders ``--ckpt_path last`` searches: every ModelCheckpoint's, absolute (as Lightning's own)."""
+    return sorted({str(Path(entry.init_args.dirpath).absolute()) for entry in checkpoint_callbacks(config)
+                   if entry.init_args.dirpath})
+
+
+def last_checkpoints(folders: List[str]) -> set:
+    """The ``last*.ckpt`` files in ``folders`` (what Lightning's ModelCheckpoint counts as a last checkpoint)."""
+    return {str(path) for folder in folders for path in Path(folder).glob("last*.ckpt")}
+
+
+def other_experiments(config, folders: List[str]) -> List[str]:
+    """The checkpoint folders of other experiments under ``default_root_dir`` that hold a last checkpoint."""
+    root = Path(config.trainer.default_root_dir or DEFAULT_ROOT).absolute()
+    mine = {Path(folder) for folder in folders}
+    return sorted(str(folder) for folder in root.glob("*/checkpoints")
+                  if folder not in mine and any(folder.glob("last*.ckpt")))
