@@ -149,7 +149,7 @@ class ThroughputReport(Callback):
             self._sync(trainer)
             self.first_step_s = self.clock.end_batch(len(batch[1]))
             log_to_loggers(trainer, {"time/first_step_s": self.first_step_s})
-            if trainer.is_global_zero and getattr(pl_module, "compile", False):
+            if trainer.is_global_zero and getattr(pl_module, "compile_network", False):
                 print(f"First training step: {self.first_step_s:.1f} s (includes torch.compile)", flush=True)
         else:
             self.clock.end_batch(len(batch[1]))

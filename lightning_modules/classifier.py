@@ -65,7 +65,7 @@ class FashionMNISTClassifier(LightningModule):
             use_ghost_batch_norm(self.net, ghost_batches=virtual_devices)
         self.optimizer_factory, self.lr_policy = optimizer, lr_policy
         self.batch_size, self.virtual_devices, self.label_smoothing = batch_size, virtual_devices, label_smoothing
-        self.flip_test_time, self.compile = flip_test_time, compile
+        self.flip_test_time, self.compile_network = flip_test_time, compile
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.net.to(memory_format=self.memory_format)
         self._compiled_net = None  # kept out of the module tree: no second copy of every key in state_dict
@@ -88,7 +88,7 @@ class FashionMNISTClassifier(LightningModule):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         images = images.contiguous(memory_format=self.memory_format)
-        if self.compile:
+        if self.compile_network:
             if self._compiled_net is None:
                 object.__setattr__(self, "_compiled_net", torch.compile(self.net))
             return self._compiled_net(images)
