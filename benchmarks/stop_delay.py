@@ -9,6 +9,7 @@ their next decision point, runtime/agreement.py); random moments land anywhere i
 import argparse
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ sys.path.insert(0, str(REPO))
 from cli import launch  # noqa: E402
 
 
-def one_trial(extra, after_s: float) -> str:
+def one_trial(extra, after_s: float) -> tuple:
     with tempfile.TemporaryDirectory() as cwd:
         env = launch.clean_env(keep_data_dir=True)
         env.pop("OMP_NUM_THREADS")
@@ -33,7 +34,7 @@ def one_trial(extra, after_s: float) -> str:
         took = time.monotonic() - sent
         launch.stop([job])
         line = next((l for l in job.stderr.splitlines() if "stopped by" in l), "no stop line")
-        return f"SIGTERM after {after_s:.1f} s -> exit {job.returncode} in {took:.1f} s: {line[10:70]}"
+        return took, f"SIGTERM after {after_s:.1f} s -> exit {job.returncode} in {took:.1f} s: {line[10:70]}"
 
 
 def main() -> None:
@@ -42,8 +43,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     opts, extra = parser.parse_known_args()
     rng = random.Random(opts.seed)
+    delays = []
     for trial in range(opts.trials):
-        print(f"trial {trial}: {one_trial([f for f in extra if f != '--'], 15 + rng.uniform(0, 20))}", flush=True)
+        took, line = one_trial([f for f in extra if f != '--'], 15 + rng.uniform(0, 20))
+        delays.append(took)
+        print(f"trial {trial}: {line}", flush=True)
+    print(f"signal -> exit: median {statistics.median(delays):.1f} s, range {min(delays):.1f}-{max(delays):.1f} s "
+          f"({opts.trials} trials)")
 
 
 if __name__ == "__main__":
