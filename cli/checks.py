@@ -129,6 +129,11 @@ def check_config(config) -> None:
         raise ConfigError(f"--optimizer {names.get(unshardable, optimizer)} keeps a plain tensor beside fsdp's sharded "
                           f"parameters, which torch refuses; use --strategy ddp with it, or lamb/lars/sgd/adamw with fsdp")
     check_at_least_one("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
+    check_val_check_interval(trainer.val_check_interval)
+    check_train_subset(getattr(config, "data", None))
+    clip = trainer.gradient_clip_val
+    if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
+        raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")
     nodes = trainer.num_nodes or 1
     if nodes > 1 and not launcher_environment():
         raise ConfigError(
@@ -136,6 +141,37 @@ def check_config(config) -> None:
             f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 --master-port 29500 "
             f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
             f"(README, \"Several machines\")")
+
+
+def check_train_subset(data) -> None:
+    """``data.train_subset`` beyond the training images would silently train on all of them: refused here, before
+    anything is written, from the IDX header when the file is there (the data module's setup checks it again)."""
+    subset = getattr(data, "train_subset", None)
+    if subset is None:
+        return
+    from datamodules.files import default_data_dir, raw_folder, read_header
+
+    try:
+        (count, _, _) = read_header(raw_folder(data.data_dir or default_data_dir()) / "train-images-idx3-ubyte", 3)
+    except Exception:  # missing or damaged: prepare_data downloads it or says what is wrong
+        return
+    left = count - (getattr(data, "val_size", 0) or 0)
+    if subset > left:
+        held = f" after --data.val_size {data.val_size} held out" if getattr(data, "val_size", 0) else ""
+        raise ConfigError(f"--data.train_subset {subset} is more than the {left} training images{held}: "
+                          f"give at most {left}, or leave it unset to train on all")
+
+
+def check_val_check_interval(value) -> None:
+    """Lightning divides by an int interval (0: ZeroDivisionError) and takes a float as a fraction of the epoch."""
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int) and value < 1:
+        raise ConfigError(f"trainer.val_check_interval is {value}: give a whole number of batches >= 1, "
+                          f"or a fraction of the epoch in (0.0, 1.0]")
+    if isinstance(value, float) and not 0.0 < value <= 1.0:
+        raise ConfigError(f"trainer.val_check_interval is {value}: a fraction of the epoch must be in (0.0, 1.0]; "
+                          f"give a whole number for a count of batches")
 
 
 def check_at_least_one(key: str, value) -> None:

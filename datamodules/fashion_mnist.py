@@ -15,6 +15,7 @@ from datamodules.augment import augmentation_seed, batch_generator, random_crop,
 from datamodules.files import check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder, torchvision_root
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
+from runtime.errors import ConfigError
 from runtime.resume import run_seed
 from runtime.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
 
@@ -120,7 +121,11 @@ class FashionMNISTDataModule(LightningDataModule):
             kept, held_out = stratified_holdout(train.targets, self.val_size)
             if self.val_size:
                 self.val_set = InMemoryImages(train.data[held_out], train.targets[held_out])
-            kept = kept[: self.train_subset]  # the first n images left (all when there are fewer)
+            if self.train_subset is not None and self.train_subset > len(kept):
+                held = f" after --data.val_size {self.val_size} held out" if self.val_size else ""
+                raise ConfigError(f"--data.train_subset {self.train_subset} is more than the {len(kept)} training "
+                                  f"images{held}: give at most {len(kept)}, or leave it unset to train on all")
+            kept = kept[: self.train_subset]  # the first n images left
             self.train_set = InMemoryImages(train.data[kept], train.targets[kept])
         if self.test_set is None:
             test = FashionMNIST(root, train=False, download=False)
