@@ -32,7 +32,10 @@ def all_gather_rows(vector: torch.Tensor) -> torch.Tensor:
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return vector.unsqueeze(0)
     rows = torch.empty(dist.get_world_size() * vector.numel(), dtype=vector.dtype, device=vector.device)
-    dist.all_gather_into_tensor(rows, vector.contiguous())  # gloo wants the flat output
+    # torch 2.14 deprecates all_gather_into_tensor (a FutureWarning per call) for all_gather_single, which older
+    # torch lacks: the new name where it exists, looked up per call (tests wrap torch.distributed's functions)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(rows, vector.contiguous())  # gloo wants the flat output
     return rows.reshape(dist.get_world_size(), vector.numel())
 
 

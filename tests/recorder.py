@@ -266,7 +266,8 @@ class CountCollectives(Callback):
     ``$SAMPLE_RECORD_DIR/collectives<rank>.json`` after every batch. (ddp's gradient all-reduce runs in C++ and is
     not counted: it is the training itself.)"""
 
-    NAMES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    NAMES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_single",
+             "all_gather_object",
              "broadcast_object_list", "reduce", "gather", "scatter", "reduce_scatter")
 
     def __init__(self) -> None:

@@ -55,6 +55,13 @@ def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
     assert (experiment_dir(cwd) / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_a_ddp_run_prints_no_deprecation_warning_from_our_calls(ddp_run):
+    """torch 2.14 deprecates all_gather_into_tensor: runtime/agreement.py's gather printed a FutureWarning twice
+    per rank before it used all_gather_single."""
+    _, result, _ = ddp_run
+    assert "FutureWarning" not in result.stderr and "DeprecationWarning" not in result.stderr, result.stderr[-3000:]
+
+
 def test_two_process_predictions_equal_one_process(ddp_run, fashion_root, tmp_path):
     cwd, _, _ = ddp_run
     last = experiment_dir(cwd) / "checkpoints" / "last.ckpt"
