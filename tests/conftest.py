@@ -12,6 +12,40 @@ from cli.launch import REPO, TRAIN_PY  # noqa: F401 (tests import them from here
 from tests.idx_files import write_fashion_mnist
 
 
+def _process_count(argv) -> int:
+    """How many training processes one train.py command line starts (its --devices, or --nproc-per-node)."""
+    argv = [str(a) for a in argv]
+    count = 1
+    for i, arg in enumerate(argv[:-1]):
+        if arg in ("--devices", "--trainer.devices", "--nproc-per-node", "--nproc_per_node"):
+            value = argv[i + 1]
+            count = int(value) if value.isdigit() else 2  # a list or "auto": assume several
+    return count
+
+
+@pytest.fixture(autouse=True)
+def _several_processes_need_the_multiprocess_mark(request, monkeypatch):
+    """A test outside tests/unit that starts several training processes (one command with --devices N > 1, or
+    several commands at once) must be marked ``multiprocess``, so that ``-m "not multiprocess"`` leaves it out."""
+    if "tests/unit" in str(request.node.path).replace(os.sep, "/") or request.node.get_closest_marker("multiprocess"):
+        return
+    original_start, original_start_all = launch.start, launch.start_all
+    name = request.node.nodeid
+
+    def start(job_name, argv, *args, **kwargs):
+        if _process_count(argv) > 1:
+            pytest.fail(f"{name} starts {_process_count(argv)} training processes: mark it pytest.mark.multiprocess")
+        return original_start(job_name, argv, *args, **kwargs)
+
+    def start_all(commands, log_dir):
+        if len(commands) > 1:
+            pytest.fail(f"{name} starts {len(commands)} commands at once: mark it pytest.mark.multiprocess")
+        return original_start_all(commands, log_dir)
+
+    monkeypatch.setattr(launch, "start", start)
+    monkeypatch.setattr(launch, "start_all", start_all)
+
+
 @pytest.fixture(scope="session")
 def fashion_root(tmp_path_factory) -> Path:
     """A folder holding FashionMNIST/raw with 256 training and 101 test images (odd on purpose)."""

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from cli.launch import clean_env, start_all, wait_all
 from tests.conftest import TRAIN_PY, run_train
 
@@ -14,6 +16,7 @@ def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, f
         "path (e.g. --optimizer torch.optim.SGD)" in result.stderr
 
 
+@pytest.mark.multiprocess
 def test_devices_4_on_this_machines_cores_trains_with_one_warning(tmp_path, fashion_root):
     """The design card's own command on the CI machine (2 cores): 4 gloo ranks share them, one thread each."""
     argv = [str(TRAIN_PY), "--strategy", "ddp", "--accelerator", "cpu", "--devices", "4", "--network", "mlp",
@@ -30,6 +33,7 @@ def test_devices_4_on_this_machines_cores_trains_with_one_warning(tmp_path, fash
     assert "Epoch 1:" in job.stdout
 
 
+@pytest.mark.multiprocess  # asks for several ranks (refused before they start)
 def test_beyond_8_cpu_processes_per_core_is_refused_before_any_starts(tmp_path, fashion_root):
     """A real process, so that a regression starts training processes under a hard deadline."""
     too_many = 8 * (os.cpu_count() or 1) + 1

@@ -42,6 +42,7 @@ def test_unreadable_file_or_folder_gives_one_line_exit_65(shared_tmp, fashion_ro
 
 
 
+@pytest.mark.multiprocess  # asks for several ranks (refused before they start)
 def test_damaged_file_stops_a_ddp_launch_before_any_worker_starts(workdir, damaged_copy):
     """The check runs in the launching process: exit 65, no rank ever started, nothing written.
 

@@ -10,7 +10,7 @@ from runtime.errors import ConfigError
 
 @pytest.mark.parametrize("devices", [1, "2", 2, -1, "-1", "auto", None, [0, 1], "0,1", "[1]"])
 def test_gpu_requests_within_the_visible_gpus_pass(devices):
-    check_devices(devices, "cuda", cpu_count=2, gpu_count=2)
+    assert check_devices(devices, "cuda", cpu_count=2, gpu_count=2) is None  # no error and no warning
 
 
 @pytest.mark.parametrize("devices, message", [
