@@ -233,11 +233,12 @@ class FashionMNISTDataModule(LightningDataModule):
         return self._eval_loader(self.test_set)
 
     def on_after_batch_transfer(self, batch: Batch, dataloader_idx: int) -> Batch:
-        """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there."""
-        if not isinstance(batch, (tuple, list)):
-            return batch  # the model summary's example input
-        images, targets = batch
+        """Augment (training only) and normalise on the device, after the (4× smaller) uint8 batch is there; then the
+        precision plugin's input conversion, which Lightning applied before the transfer, when it was still uint8."""
         trainer = self.trainer
+        if not isinstance(batch, (tuple, list)):  # the model summary's example input (already normalised)
+            return batch if trainer is None else trainer.precision_plugin.convert_input(batch)
+        images, targets = batch
         if trainer is not None and trainer.training:
             loader = self._fitted_train_loader()
             if loader is not None:  # the batch came from it: is it the one Lightning's counters expect?
@@ -245,7 +246,10 @@ class FashionMNISTDataModule(LightningDataModule):
                                trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
                 images = self.augment(images, trainer)
-        return normalise(images), targets
+        images = normalise(images)
+        if trainer is not None:  # Lightning converted the uint8 batch before this (a no-op): the float one now
+            images = trainer.precision_plugin.convert_input(images)  # 64-true: double, bf16-true: bfloat16
+        return images, targets
 
     def augment(self, images: torch.Tensor, trainer) -> torch.Tensor:
         """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch)."""

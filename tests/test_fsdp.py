@@ -65,3 +65,16 @@ def test_the_default_cnn_with_its_nhwc_weights_trains_under_fsdp(tmp_path, fashi
                         "--test_after_fit", "false"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Epoch 1:" in result.stdout
+
+
+@pytest.mark.parametrize("precision, dtype", [("64-true", torch.float64), ("bf16-true", torch.bfloat16)])
+def test_true_precisions_train_under_fsdp(tmp_path, fashion_root, precision, dtype):
+    """The data module normalises the uint8 batch after Lightning's input conversion ran on it: it converts the
+    float batch through the precision plugin itself (before: "expected scalar type Float but found Double")."""
+    result = run_train(["--strategy", "fsdp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp",
+                        "--precision", precision, "--data_dir", str(fashion_root), "--epochs", "1", "--batch_size", "16",
+                        "--trainer.limit_train_batches", "2", "--test_after_fit", "false"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Epoch 1:" in result.stdout and "Val Loss = nan" not in result.stdout, result.stdout
+    state = torch.load(experiment_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert {t.dtype for t in state.values() if t.is_floating_point()} == {dtype}
