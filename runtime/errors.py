@@ -156,6 +156,10 @@ def _without_type_dump(line: str) -> str:
     return re.sub(r"\.? Got value: Namespace\(.*\)$", ".", line)
 
 
+_VAL_CHECK_BEYOND_EPOCH = re.compile(
+    r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the training batches \((\d+)\)")
+
+
 def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional[UserFacingError]:
     """The table's entry for ``error``: itself, or the user-facing error a foreign exception stands for; None for a bug.
 
@@ -170,6 +174,12 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
         return ConfigError(one_line(error))
     if isinstance(error, KeyboardInterrupt):
         return Interrupted("interrupted (Ctrl-C)")
+    interval = _VAL_CHECK_BEYOND_EPOCH.search(one_line(error)) if isinstance(error, ValueError) else None
+    if interval:  # Lightning's fit loop, once the loader's length is known
+        wanted, batches = interval.groups()
+        return ConfigError(f"trainer.val_check_interval is {wanted}, more than the {batches} training batches of an "
+                           f"epoch: give at most {batches}, a fraction of the epoch in (0.0, 1.0], or also "
+                           f"--trainer.check_val_every_n_epoch null to count batches across epochs")
     line = describe_fault(error, rank)
     return None if line is None else JobFault(line, getattr(error, "children", ()))
 

@@ -188,3 +188,15 @@ def test_a_mistake_lightning_finds_inside_fit_is_one_line_and_exit_2(capsys, wor
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
     assert code == 2 and len(errors) == 1 and "limit_val_batches" in errors[0] and "Traceback" not in err, err
+
+
+def test_val_check_interval_beyond_the_epochs_batches_gives_one_line(capsys, workdir, fashion_root):
+    """Lightning's fit loop raises a ValueError once it knows the loader's length (256 images / 128 = 2 batches)."""
+    code = train.main(["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "1",
+                       "--trainer.val_check_interval", "5"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert code == 2 and "Traceback" not in err, err
+    assert errors == ["train.py: error: trainer.val_check_interval is 5, more than the 2 training batches of an epoch: "
+                      "give at most 2, a fraction of the epoch in (0.0, 1.0], or also --trainer.check_val_every_n_epoch "
+                      "null to count batches across epochs (see python train.py --help)"], err
