@@ -192,12 +192,23 @@ def test_setting_up_twice_routes_once():
 @no_cuda_only
 @pytest.mark.filterwarnings("ignore:You are trying to `self.log\\(\\)`")
 @pytest.mark.parametrize("batch, n_gpus", [(12, 3), (10, 3), (10, 4), (7, 2)])
-def test_loss_over_gathered_logits_is_the_chunk_weighted_mean_of_per_gpu_losses(batch, n_gpus):
+def test_loss_over_gathered_logits_is_the_chunk_weighted_mean_of_per_gpu_losses(batch, n_gpus, monkeypatch):
     """What dp computes once (training_step over the gathered logits) against what each GPU would compute.
 
     DataParallel scatters like ``torch.chunk``: 10 images over 4 GPUs are chunks of 3, 3, 3, 1.
     Lightning 1.x averaged the per-GPU losses with equal weights, which is wrong for such uneven chunks.
+    Without CUDA nn.DataParallel calls its module on the whole batch, so that a loss taken per call could not be
+    told from one taken over the gathered logits: here its forward does on CPU what it does over GPUs (scatter
+    by torch.chunk, the module once per chunk, gather by concatenation), and the test checks it was used.
     """
+    seen = []
+
+    def scatter_apply_gather(self, images):
+        chunks = images.chunk(n_gpus)  # without CUDA, DataParallel keeps no device_ids
+        seen.append([len(c) for c in chunks])
+        return torch.cat([self.module(c) for c in chunks])
+
+    monkeypatch.setattr(torch.nn.DataParallel, "forward", scatter_apply_gather)
     torch.manual_seed(batch)
     # eval: an image's logits do not depend on the chunk it lands in. In train mode BatchNorm normalises
     # each GPU's chunk with that chunk's statistics (as in ddp without sync_batchnorm); that needs real GPUs.
@@ -209,8 +220,9 @@ def test_loss_over_gathered_logits_is_the_chunk_weighted_mean_of_per_gpu_losses(
 
     routed(model, n_gpus)
     loss = model.training_step((images, targets), 0)
+    assert seen == [sizes.int().tolist()]  # the step's forward went through DataParallel's chunks
     torch.testing.assert_close(loss, (per_gpu * sizes).sum() / sizes.sum())
-    if len(set(sizes.tolist())) > 1:
+    if len(set(sizes.tolist())) > 1:  # equal weights would be caught
         assert not torch.allclose(loss, per_gpu.mean())
 
 
