@@ -76,6 +76,8 @@ class FashionMNISTCLI(LightningCLI):
         config = self.config[subcommand]
         self.run_name = outputs.fill_output_paths(config)
         folders = outputs.checkpoint_folders(config)
+        if config.get("ckpt_path") == "hpc":  # a file in default_root_dir: checked below like any other
+            config.ckpt_path = resume.hpc_checkpoint(config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
         self._resumed = resume.resolve(config.get("ckpt_path"), outputs.last_checkpoints(folders), folders,
                                        lifetime.max_restarts(), lifetime.attempt(),
                                        outputs.other_experiments(config, folders) if config.get("ckpt_path") == "last"

@@ -31,12 +31,26 @@ class Resume:
     lines: Tuple[str, ...] = ()
 
 
+def hpc_checkpoint(root) -> str:
+    """``--ckpt_path hpc`` as Lightning resolves it: ``<default_root_dir>/hpc_ckpt_<N>.ckpt`` with the largest N, as a
+    file path, so that it is checked (and unpickled without code) before launch like any other file."""
+    found = {}
+    for path in Path(root).glob("hpc_ckpt_*.ckpt"):
+        number = path.stem[len("hpc_ckpt_"):]
+        if number.isdigit():
+            found[int(number)] = path
+    if not found:
+        raise CheckpointNotFoundError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
+                                      f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
+    return str(found[max(found)].absolute())
+
+
 def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
             attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
     """``last_files``: the ``last*.ckpt`` candidates; ``folders``: the checkpoint folders; ``restarts``/``attempt``:
     torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py); ``elsewhere``: other experiments'
     folders that hold a last checkpoint (named in the error when ``last`` finds none here)."""
-    if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] in ("hpc", "registry"):
+    if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
     if ckpt_path == "best":

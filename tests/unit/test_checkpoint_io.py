@@ -114,3 +114,22 @@ def test_ckpt_path_last_never_runs_a_crafted_last_checkpoint(capsys, workdir, fa
     code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", "last"])
     assert code == 66 and "could run code when loaded" in capsys.readouterr().err
     assert not ran.exists()
+
+
+def test_ckpt_path_hpc_never_runs_a_crafted_hpc_checkpoint(capsys, workdir, fashion_root):
+    """``hpc`` is resolved to default_root_dir's newest hpc_ckpt_N.ckpt before launch and checked like a file."""
+    ran = workdir / "payload-ran"
+    crafted(workdir / "runs" / "hpc_ckpt_1.ckpt", ran)
+    crafted(workdir / "runs" / "hpc_ckpt_12.ckpt", ran)
+    code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", "hpc"])
+    err = capsys.readouterr().err
+    assert code == 66 and err.count("\n") == 1 and "could run code when loaded" in err, err
+    assert str(workdir / "runs" / "hpc_ckpt_12.ckpt") in err, err
+    assert not ran.exists()
+
+
+def test_ckpt_path_hpc_without_an_hpc_checkpoint_is_one_line(capsys, workdir, fashion_root):
+    code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", "hpc"])
+    err = capsys.readouterr().err
+    assert code == 66 and err.count("\n") == 1, err
+    assert f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {workdir / 'runs'}" in err, err
