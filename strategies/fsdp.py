@@ -31,6 +31,11 @@ class FullyShardedStrategy(ModelParallelStrategy):
         kwargs.setdefault("save_distributed_checkpoint", False)  # one file of full weights, written by rank 0
         super().__init__(**kwargs)
 
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict:
+        """Lightning's ModelParallelStrategy unpickles the file itself: always without code (``weights_only=True``),
+        whatever the caller asks, as runtime/checkpoint_io.py does for every other strategy."""
+        return super().load_checkpoint(checkpoint_path, weights_only=True)
+
     def setup_environment(self) -> None:
         from runtime import compat  # here: runtime's guards import this module (local_shard)
 

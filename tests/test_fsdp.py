@@ -78,3 +78,31 @@ def test_true_precisions_train_under_fsdp(tmp_path, fashion_root, precision, dty
     assert "Epoch 1:" in result.stdout and "Val Loss = nan" not in result.stdout, result.stdout
     state = torch.load(experiment_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert {t.dtype for t in state.values() if t.is_floating_point()} == {dtype}
+
+
+def test_a_crafted_checkpoint_is_refused_under_fsdp_and_never_runs(tmp_path, fashion_root):
+    """Refused before the ranks start (exit 66); FullyShardedStrategy.load_checkpoint also loads weights_only."""
+    from tests.unit.test_checkpoint_io import crafted
+
+    ran = tmp_path / "payload-ran"
+    path = crafted(tmp_path / "crafted.ckpt", ran)
+    result = run_train(["--strategy", "fsdp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp",
+                        "--data_dir", str(fashion_root), "--ckpt_path", str(path)], cwd=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert result.returncode == 66 and len(errors) == 1 and "could run code when loaded" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr and not ran.exists()
+
+
+def test_fsdp_strategy_loads_checkpoints_without_code(monkeypatch):
+    """Lightning's ModelParallelStrategy.load_checkpoint calls torch.load itself: ours always asks weights_only."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from strategies.fsdp import FullyShardedStrategy
+
+    asked = []
+    monkeypatch.setattr(ModelParallelStrategy, "load_checkpoint", lambda self, path, weights_only=None: asked.append(
+        weights_only) or {})
+    strategy = FullyShardedStrategy.__new__(FullyShardedStrategy)
+    strategy.load_checkpoint("x.ckpt")
+    strategy.load_checkpoint("x.ckpt", weights_only=False)
+    assert asked == [True, True]
