@@ -372,3 +372,12 @@ class KillAfterCheckpoint(Callback):
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class StopStep(Callback):
+    """Each rank writes the optimizer step it stopped at, and why, to ``$SAMPLE_RECORD_DIR/stop<global rank>.json``
+    when the run ends with an exception (a preemption stop is one)."""
+
+    def on_exception(self, trainer, pl_module, exception):
+        record = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"stop{trainer.global_rank}.json"
+        record.write_text(json.dumps({"global_step": trainer.global_step, "exception": type(exception).__name__}))

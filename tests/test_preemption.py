@@ -5,6 +5,7 @@ to 0.2 s (tests.recorder.SlowSteps), which writes a marker once step 6 (epoch 2)
 lands mid-epoch.
 """
 
+import json
 import os
 import re
 import signal
@@ -104,7 +105,8 @@ def assert_stopped_by_sigterm(job, tmp_path, took: float) -> dict:
 def test_sigterm_to_the_launcher_stops_both_ranks_with_143_and_a_verified_last_ckpt_then_resume(tmp_path,
                                                                                                   fashion_root):
     job = start_launcher(tmp_path, fashion_root)
-    # rank 0 only: rank 1 learns it from the per-batch all_reduce
+    # rank 0 only: rank 1 learns it at the next decision point (runtime/agreement.py: every check_every_n_steps
+    # optimizer steps, at validation and epoch end, before a checkpoint is written)
     took = signal_and_wait([job], lambda: os.kill(job.proc.pid, signal.SIGTERM))
     assert job.returncode == PREEMPTED, job.tail()
     checkpoint = assert_stopped_by_sigterm(job, tmp_path, took)
@@ -172,14 +174,17 @@ def test_ctrl_c_to_the_process_group_stops_cleanly_with_130_and_a_checkpoint(tmp
 
 
 def test_sigterm_to_rank_1_only_stops_both_ranks_at_the_same_step_with_143(tmp_path, fashion_root):
-    """A scheduler (or a user) that signals one non-zero rank: rank 1 notes it, the next per-batch all_reduce tells
-    rank 0, and both stop at the same step after rank 0 saved and verified last.ckpt. (Lightning 2.6.6 ran a
-    broadcast inside rank 1's signal handler: the ranks desynchronised until the process-group timeout.)"""
-    job = start_launcher(tmp_path, fashion_root)
+    """A scheduler (or a user) that signals one non-zero rank: rank 1 notes it, the next decision point's all_gather
+    (runtime/agreement.py) tells rank 0, and both stop at the same step after rank 0 saved and verified last.ckpt;
+    each rank records the step it stopped at (tests.recorder.StopStep). (Lightning 2.6.6 ran a broadcast inside
+    rank 1's signal handler: the ranks desynchronised until the process-group timeout.)"""
+    job = start_launcher(tmp_path, fashion_root, extra=("--trainer.callbacks+=tests.recorder.StopStep",))
     ranks = {pid for pid, _ in process_tree(job.proc.pid)} - {job.proc.pid}
     assert len(ranks) == 1, ranks  # Lightning's launcher started rank 1 from rank 0
     rank1 = ranks.pop()
     took = signal_and_wait([job], lambda: os.kill(rank1, signal.SIGTERM))
     assert job.returncode == PREEMPTED, job.tail()  # rank 1 exiting otherwise would have made rank 0 exit 137
     checkpoint = assert_stopped_by_sigterm(job, tmp_path, took)  # took: no wait for the collective timeout (300 s)
+    stops = [json.loads((tmp_path / "record" / f"stop{rank}.json").read_text()) for rank in (0, 1)]
+    assert [stop["global_step"] for stop in stops] == [checkpoint["global_step"]] * 2, stops  # both, the same step
     print(f"SIGTERM to rank 1 -> all ranks gone in {took:.1f} s, stopped at step {checkpoint['global_step']}")
