@@ -1,6 +1,7 @@
 """``python -m tests.host_reads OUT.json TRAIN.PY-ARGS...``: train.py, counting every read of a tensor's values on the
-host (``.item()``, ``.tolist()``, ``float()``/``int()``/``bool()``/``__index__`` of a tensor, ``.cpu()`` and
-``.numpy()``) over the whole process, and per training batch (``--trainer.callbacks+=tests.host_reads.PerBatch``).
+host (``.item()``, ``.tolist()``, ``float()``/``int()``/``bool()``/``__index__`` of a tensor, ``.cpu()``,
+``.numpy()`` and ``.to("cpu")``) over the whole process, and per training batch
+(``--trainer.callbacks+=tests.host_reads.PerBatch``).
 
 On the GPU each such read makes the host wait for the device. ``.cpu()`` and ``.numpy()`` of a tensor already in
 host memory return it unchanged (no read, no wait): counted apart, as ``host_noop``.
@@ -13,12 +14,32 @@ from collections import Counter
 import torch
 from lightning.pytorch import Callback
 
-READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy")
+READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "to")
 counts: Counter = Counter()
+
+
+def _to_host(args, kwargs) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names the host as its destination (``"cpu"``, a cpu device, a cpu
+    tensor to match); a dtype alone stays where it is."""
+    target = kwargs.get("device", args[0] if args else None)
+    if isinstance(target, torch.Tensor):
+        target = target.device
+    if isinstance(target, (str, torch.device)):
+        try:
+            return torch.device(target).type == "cpu"
+        except RuntimeError:
+            return False
+    return False
 
 
 def _counting(name: str):
     original = getattr(torch.Tensor, name)
+    if name == "to":
+        def moved(self, *args, **kwargs):
+            if _to_host(args, kwargs):
+                counts["host_noop" if self.device.type == "cpu" else "to_cpu"] += 1
+            return original(self, *args, **kwargs)
+        return moved
 
     def counted(self, *args, **kwargs):
         noop = name in ("cpu", "numpy") and self.device.type == "cpu"
