@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lightning.pytorch.plugins.precision import Precision
 
 from datamodules.augment import (
     augmentation_seed,
@@ -32,7 +33,7 @@ def shifted(image: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
 
 def fake_trainer(training: bool, batch: int = 0, epoch: int = 0, rank: int = 0):
     progress = SimpleNamespace(current=SimpleNamespace(ready=batch))
-    return SimpleNamespace(training=training, global_rank=rank, current_epoch=epoch,
+    return SimpleNamespace(training=training, global_rank=rank, current_epoch=epoch, precision_plugin=Precision(),
                            fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
 
 
