@@ -80,16 +80,21 @@ def test_true_precisions_train_under_fsdp(tmp_path, fashion_root, precision, dty
     assert {t.dtype for t in state.values() if t.is_floating_point()} == {dtype}
 
 
-def test_a_crafted_checkpoint_is_refused_under_fsdp_and_never_runs(tmp_path, fashion_root):
-    """Refused before the ranks start (exit 66); FullyShardedStrategy.load_checkpoint also loads weights_only."""
+@pytest.mark.parametrize("given", ["file", "hpc"])
+def test_a_crafted_checkpoint_is_refused_under_fsdp_and_never_runs(tmp_path, fashion_root, given):
+    """Refused before the ranks start (exit 66), as a file or as ``hpc`` (Lightning's hpc_ckpt_N.ckpt in
+    default_root_dir, runs/ here); FullyShardedStrategy.load_checkpoint also loads weights_only."""
     from tests.unit.test_checkpoint_io import crafted
 
     ran = tmp_path / "payload-ran"
-    path = crafted(tmp_path / "crafted.ckpt", ran)
+    (tmp_path / "runs").mkdir()
+    path = crafted(tmp_path / ("crafted.ckpt" if given == "file" else "runs/hpc_ckpt_1.ckpt"), ran)
     result = run_train(["--strategy", "fsdp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp",
-                        "--data_dir", str(fashion_root), "--ckpt_path", str(path)], cwd=tmp_path)
+                        "--data_dir", str(fashion_root), "--ckpt_path", str(path) if given == "file" else "hpc"],
+                       cwd=tmp_path)
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert result.returncode == 66 and len(errors) == 1 and "could run code when loaded" in errors[0], result.stderr
+    assert str(path) in errors[0], errors
     assert "Traceback" not in result.stderr and not ran.exists()
 
 
