@@ -16,6 +16,7 @@ from lightning.pytorch import Callback
 
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "to")
 counts: Counter = Counter()
+noops: Counter = Counter()  # host_noop split by call (cpu, numpy, to)
 
 
 def _to_host(args, kwargs) -> bool:
@@ -38,12 +39,14 @@ def _counting(name: str):
         def moved(self, *args, **kwargs):
             if _to_host(args, kwargs):
                 counts["host_noop" if self.device.type == "cpu" else "to_cpu"] += 1
+                noops["to"] += self.device.type == "cpu"
             return original(self, *args, **kwargs)
         return moved
 
     def counted(self, *args, **kwargs):
         noop = name in ("cpu", "numpy") and self.device.type == "cpu"
         counts["host_noop" if noop else name] += 1
+        noops[name] += noop
         return original(self, *args, **kwargs)
 
     return counted
@@ -83,7 +86,7 @@ def main() -> int:
         setattr(torch.Tensor, name, host_reads._counting(name))
     code = train_main(args)
     with open(out, "w") as f:
-        json.dump({"exit": int(code), "counts": host_reads.counts, "batches": host_reads.PerBatch.batches}, f)
+        json.dump({"exit": int(code), "counts": host_reads.counts, "noops": host_reads.noops, "batches": host_reads.PerBatch.batches}, f)
     return code
 
 

@@ -24,7 +24,7 @@ def test_a_default_run_reads_the_device_at_most_once_per_10_steps(tmp_path):
     steps = 3 * STEPS_PER_EPOCH
     reads = sum(v for k, v in record["counts"].items() if k != "host_noop")
     steady = [b for b in record["batches"] if not b["decided"]]
-    print(f"{reads} host reads in {steps} optimizer steps ({reads / steps:.3f} per step): {record['counts']}",
+    print(f"{reads} host reads in {steps} optimizer steps ({reads / steps:.3f} per step): {record['counts']}; host no-ops by call: {record['noops']}",
           file=sys.stderr)
     assert len(steady) > 0.9 * steps and all(b["reads"] == 0 for b in steady), [b for b in steady if b["reads"]]
     assert reads <= steps / 10, record["counts"]
