@@ -75,3 +75,23 @@ def test_limit_train_batches_1_trains_one_batch_per_epoch(workdir, fashion_root)
                  "--trainer.limit_train_batches", "1"])
     last = torch.load(next((workdir / "runs").glob("*/checkpoints/last.ckpt")), weights_only=True)
     assert code == 0 and last["global_step"] == 2  # one batch in each of 2 epochs (1.0 would be all 2 of 128)
+
+
+SRUN = {"SLURM_PROCID": "0", "SLURM_JOB_NAME": "train", "SLURM_NNODES": "1"}
+
+
+@pytest.mark.parametrize("environ, devices, nodes, expected", [
+    ({**SRUN, "SLURM_NTASKS": "2"}, 2, 1, "SLURM started 2 tasks without --ntasks-per-node"),  # srun -n 2
+    ({**SRUN, "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "4"}, 2, 1, "4 task(s) per node but --devices is 2"),
+    ({**SRUN, "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2(x2)", "SLURM_NNODES": "2"}, 2, 1,
+     "SLURM allocated 2 node(s) but --num_nodes is 1"),
+    ({**SRUN, "SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2(x2)", "SLURM_NNODES": "2"}, 2, 2, None),
+    ({**SRUN, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2"}, "0,1", 1, None),
+    ({**SRUN, "SLURM_NTASKS": "2", "SLURM_JOB_NAME": "interactive"}, 2, 1, None),  # Lightning's own opt-out
+    ({}, 2, 1, None),  # not under SLURM
+])
+def test_a_slurm_task_layout_that_disagrees_with_the_trainer_is_one_line(environ, devices, nodes, expected):
+    from cli.checks import check_slurm_layout
+
+    found = check_slurm_layout(environ, devices, nodes)
+    assert found == expected if expected is None else expected in found
