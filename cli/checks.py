@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from cli.shorthand import CLASS_NAMES
+from cli.slurm import check_slurm_layout
 from runtime.errors import ConfigError, OutputNotWritableError
 from runtime.lifetime import is_launched_rank, launcher_environment
 from strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
@@ -135,7 +136,7 @@ def check_config(config) -> None:
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
         raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")
     nodes = trainer.num_nodes or 1
-    slurm_mismatch = check_slurm_layout(os.environ, trainer.devices, nodes)
+    slurm_mismatch = check_slurm_layout(os.environ, parse_devices(trainer.devices), nodes)
     if slurm_mismatch:
         raise ConfigError(slurm_mismatch)
     if nodes > 1 and not launcher_environment():
@@ -144,33 +145,6 @@ def check_config(config) -> None:
             f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 --master-port 29500 "
             f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
             f"(README, \"Several machines\")")
-
-
-def check_slurm_layout(environ, devices, nodes: int) -> Optional[str]:
-    """Under srun, the tasks SLURM started must be the ranks the Trainer expects: ``srun -n N`` alone (no tasks per
-    node, which Lightning needs) or a count that disagrees with ``--devices``/``--num_nodes`` would end in Lightning's
-    RuntimeError on every task, or in ranks waiting for peers that never come. None: fine or not under srun."""
-    if "SLURM_NTASKS" not in environ or environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
-        return None  # not SLURM-managed (Lightning's own rule: an interactive job launches its processes itself)
-    tasks = int(environ.get("SLURM_NTASKS", "1"))
-    per_node_text = environ.get("SLURM_NTASKS_PER_NODE")
-    want = parse_devices(devices)
-    how = f"srun --nodes {nodes} --ntasks-per-node {want if isinstance(want, int) else 'DEVICES'} python train.py ..."
-    if per_node_text is None:
-        if tasks > 1:
-            return (f"SLURM started {tasks} tasks without --ntasks-per-node, which Lightning needs to place ranks: "
-                    f"run '{how}' (docs/running-on-clusters.md)")
-        return None
-    per_node = int(per_node_text.split("(")[0])
-    slurm_nodes = int(environ.get("SLURM_NNODES", environ.get("SLURM_JOB_NUM_NODES", "1")))
-    devices_per_node = len(want) if isinstance(want, list) else want
-    if isinstance(devices_per_node, int) and devices_per_node > 0 and per_node != devices_per_node:
-        return (f"SLURM started {per_node} task(s) per node but --devices is {devices_per_node}: one task per device, "
-                f"so run '{how}' or give --devices {per_node}")
-    if slurm_nodes != nodes:
-        return (f"SLURM allocated {slurm_nodes} node(s) but --num_nodes is {nodes}: give --num_nodes {slurm_nodes}, "
-                f"or run '{how}'")
-    return None
 
 
 def check_train_subset(data) -> None:

@@ -91,7 +91,8 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_JOB_NAME": "train", "SLURM_NNODES": "1"}
     ({}, 2, 1, None),  # not under SLURM
 ])
 def test_a_slurm_task_layout_that_disagrees_with_the_trainer_is_one_line(environ, devices, nodes, expected):
-    from cli.checks import check_slurm_layout
+    from cli.checks import parse_devices
+    from cli.slurm import check_slurm_layout
 
-    found = check_slurm_layout(environ, devices, nodes)
+    found = check_slurm_layout(environ, parse_devices(devices), nodes)
     assert found == expected if expected is None else expected in found
