@@ -16,7 +16,7 @@ from runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement, TrainingLo
 from runtime.checkpoint_io import VerifiedCheckpointIO
 from runtime.divergence import DivergenceGuard
 from runtime.faults import JobFaults
-from runtime.lifetime import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
+from runtime.lifetime import LAUNCHER_PID_ENV, PEER_FAILED, die_with_parent, mark_launcher
 from runtime.preemption import SIGNALS, Preemption, install_handlers, watch_outside_training
 from runtime.resume import RngState, TensorBoardRun
 
@@ -55,7 +55,7 @@ def guarded_process() -> Iterator[None]:
     die_with_parent()
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
     mark_launcher()
-    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    previous = {signum: signal.getsignal(signum) for signum in (*SIGNALS, PEER_FAILED)}
     install_handlers()
     stop_watching = watch_outside_training()
     try:

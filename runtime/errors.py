@@ -16,12 +16,14 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from runtime.faults import describe_fault
+from runtime.lifetime import end_peer_tasks
 
 
 class ExitCode(IntEnum):
     """One code per failure class (sysexits.h numbering where one fits); README's table."""
 
     OK = 0
+    PEER_FAILED = 1  # under srun: another task of the step failed (srun returns the highest code: the failed one's)
     USAGE = 2  # bad flag, value, key or config file
     DATA = 65  # data files missing, unreadable or damaged (EX_DATAERR)
     CHECKPOINT = 66  # the checkpoint to load does not exist, is damaged, or is not a plain checkpoint (EX_NOINPUT)
@@ -207,9 +209,12 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -
             raise
         error = as_user_facing(raw, rank())
         if error is None:
+            end_peer_tasks()  # a bug on this task: under srun the others would wait for it
             raise
         if error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0:
             stream = sys.stdout if error.to_stdout else sys.stderr
             print(f"train.py: {error.prefix}{one_line(error)}{error.hint}", file=stream, flush=True)
+        if error.every_rank and error.exit_code != ExitCode.OK:  # may be this task's alone: under srun the others
+            end_peer_tasks()                                      # would wait for it
         wait_for(error.children, error.children_grace_s)
         return int(error.exit_code)

@@ -1,5 +1,6 @@
-"""Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
-and what a torchrun worker can tell about its restarts. Why each: docs/reliability.md, "No unbounded hang".
+"""Process lifetime: no collective waits forever, ranks die with their launcher, a failing srun task takes its step's
+other tasks with it, data workers cannot stall a rank, and what a torchrun worker can tell about its restarts. Why
+each: docs/reliability.md, "No unbounded hang".
 """
 
 import atexit
@@ -7,6 +8,7 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 from datetime import timedelta
 from typing import Mapping, Optional
@@ -18,6 +20,7 @@ DEFAULT_TIMEOUT_S = 300.0
 PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "FASHION_MNIST_LAUNCHER_PID"  # set by a launching train.py for the ranks it starts
 DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+PEER_FAILED = signal.SIGUSR2  # what a failing srun task sends the other tasks of its step
 
 
 def collective_timeout(environ: Mapping[str, str] = os.environ) -> timedelta:
@@ -94,6 +97,32 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
     return True
 
 
+def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """``JOB.STEP`` when this process is one of several tasks srun started for one step, else None (the batch
+    script itself, one task, no SLURM)."""
+    job, step = environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_STEP_ID", "")
+    if _int(environ, "SLURM_STEP_NUM_TASKS") < 2 or not job.isdigit() or not step.isdigit():
+        return None
+    return f"{job}.{step}"
+
+
+def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Under srun, a task that fails sends :data:`PEER_FAILED` to every task of its step (``scancel --signal``), and
+    ignores it itself: srun ends the other tasks only with ``--kill-on-bad-exit``, and a peer waiting for a rank 0
+    that never created the store would wait twice the collective timeout. Main thread only. The step signalled, or
+    None (not under srun, or scancel failed)."""
+    step = srun_step(environ)
+    if step is None:
+        return None
+    signal.signal(PEER_FAILED, signal.SIG_IGN)
+    try:
+        result = subprocess.run(["scancel", "--quiet", f"--signal={PEER_FAILED.name[3:]}", step],
+                                capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return step if result.returncode == 0 else None
+
+
 def data_worker_timeout(environ: Mapping[str, str] = os.environ) -> float:
     """Seconds a rank waits for a batch from its workers: half the collective timeout, so the stalled rank reports
     first."""
@@ -101,8 +130,9 @@ def data_worker_timeout(environ: Mapping[str, str] = os.environ) -> float:
 
 
 def init_data_worker(worker_id: int) -> None:
-    """``worker_init_fn``: die with the rank; leave SIGINT, SIGTERM and SIGUSR1 to it (it stops its workers)."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    """``worker_init_fn``: die with the rank; leave SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to it (it stops its
+    workers; srun's ``scancel --signal`` reaches every process of a task)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, PEER_FAILED):
         signal.signal(signum, signal.SIG_IGN)
     rank = multiprocessing.parent_process()
     if _set_death_signal() and rank is not None and os.getppid() != rank.pid:

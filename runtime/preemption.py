@@ -6,6 +6,8 @@ reads it back against its sha256) and raises :class:`~runtime.errors.Preempted`:
 SIGUSR1) or 130 (Ctrl-C). Under ``accumulate_grad_batches`` > 1 the stop waits for the optimizer step.
 SIGUSR1 under SLURM also runs ``scontrol requeue`` once. Outside training there is no step to stop at:
 143 or 130 at once, with one line, also while the rendezvous waits. A second Ctrl-C during training stops at once.
+Under srun, SIGUSR2 from a failed task of the same step (runtime.lifetime.end_peer_tasks) ends this task at once,
+in or outside training, with one line and exit 1: the failed task's own line and code say why.
 Lightning's own handlers are off (runtime/compat.py).
 """
 
@@ -26,7 +28,7 @@ from runtime import compat
 from runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from runtime.checkpoint_io import sidecar_path, verify
 from runtime.errors import ExitCode, Preempted
-from runtime.lifetime import probably_global_rank_zero
+from runtime.lifetime import PEER_FAILED, probably_global_rank_zero, srun_step
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
 _received = [False, False, False]  # per SIGNALS, in this process
@@ -41,10 +43,24 @@ def _handler(signum, frame) -> None:
     _received[index] = True
 
 
+def _peer_failed_handler(signum, frame) -> None:
+    """Nothing here: the signal's wakeup byte makes :func:`watch_outside_training`'s thread end the process."""
+
+
 def install_handlers() -> None:
-    """Note SIGTERM, SIGUSR1 and SIGINT in this process (main thread only)."""
+    """Note SIGTERM, SIGUSR1 and SIGINT in this process; under srun, also wake on a failed peer's SIGUSR2 (main
+    thread only)."""
     for signum in SIGNALS:
         signal.signal(signum, _handler)
+    if srun_step() is not None:
+        signal.signal(PEER_FAILED, _peer_failed_handler)
+
+
+def _exit_peer_failed() -> None:
+    rank = os.environ.get("SLURM_PROCID", "?")
+    print(f"train.py: rank {rank}: stopped because another task of SLURM step {srun_step()} failed (its own line "
+          f"says why)", file=sys.stderr, flush=True)
+    os._exit(int(ExitCode.PEER_FAILED))
 
 
 def _exit_outside_training(signum: int) -> None:
@@ -66,6 +82,8 @@ def watch_outside_training() -> Callable[[], None]:
     def watch() -> None:
         while data := os.read(read_fd, 64):
             for signum in data:
+                if signum == PEER_FAILED and signal.getsignal(PEER_FAILED) is _peer_failed_handler:
+                    _exit_peer_failed()  # in training too: the failed task will not take part again
                 if signum in SIGNALS and not _in_training:
                     _exit_outside_training(signum)
 

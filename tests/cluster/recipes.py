@@ -1,0 +1,35 @@
+"""The recipes of docs/running-on-clusters.md as the cluster tier runs them: each taken from the document itself,
+with CPU and gloo in place of GPUs and NCCL and nothing else changed (a recipe that no longer reads as the tier
+expects fails the test that runs it, so the document cannot drift from what was run)."""
+
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Sequence
+
+from cli.launch import REPO, TRAIN_PY
+
+DOC = REPO / "docs" / "running-on-clusters.md"
+
+
+def bash_blocks(doc: Path = DOC) -> List[str]:
+    return re.findall(r"```bash\n(.*?)```", doc.read_text(), flags=re.S)
+
+
+def _sub(pattern: str, replacement: str, text: str) -> str:
+    new, count = re.subn(pattern, replacement, text, flags=re.M)
+    assert count, f"{DOC.name}: the recipe no longer has {pattern!r}:\n{text}"
+    return new
+
+
+def sbatch_script(extra: Sequence[str]) -> str:
+    """The sbatch script on this one-node SLURM: ``--nodes 1`` (Debian's slurmd runs one node per machine), two
+    tasks on CPU, no ``--gres``; ``extra`` goes after train.py's own flags."""
+    (block,) = [b for b in bash_blocks() if "#SBATCH" in b]
+    text = _sub(r"^#SBATCH --nodes 2\b", "#SBATCH --nodes 1", block)
+    text = _sub(r"^#SBATCH --ntasks-per-node 4\b", "#SBATCH --ntasks-per-node 2", text)
+    text = _sub(r"^#SBATCH --gres gpu:4.*\n", "", text)
+    text = _sub(r"\bpython train\.py\b", f"{shlex.quote(sys.executable)} {shlex.quote(str(TRAIN_PY))}", text)
+    text = _sub(r"--devices 4 --num_nodes 2\b", "--devices 2 --num_nodes 1 --accelerator cpu", text)
+    return _sub(r"\$RESUME$", f"$RESUME {' '.join(map(shlex.quote, extra))}", text)

@@ -1,0 +1,213 @@
+"""docs/running-on-clusters.md's SLURM recipes against a real SLURM (slurmctld, slurmd and munge on this machine):
+the sbatch script as the document writes it, on CPU; srun's task layouts; a failing task; preemption with SIGUSR1,
+``scontrol requeue`` and an exact resume; ``scancel``.
+
+Each job trains the mlp on the tiny data with two tasks (gloo), seeded and deterministic: 4 optimizer steps per
+epoch. Failure-to-exit times are printed (``-s`` shows them) for docs/running-on-clusters.md.
+"""
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+
+from cli.launch import TRAIN_PY, clean_env, running_in
+from runtime.checkpoint_io import verify
+from tests.cluster.recipes import sbatch_script
+from tests.conftest import experiment_dir
+
+SEEDED = ["--network", "mlp", "--batch_size", "32", "--seed", "7", "--deterministic", "true", "--test_after_fit",
+          "false", "--trainer.log_every_n_steps", "1", "--check_every_n_steps", "1"]
+EPOCHS = 4
+STEPS_PER_EPOCH = 4  # 256 images / (2 tasks x 32)
+JOB_TIMEOUT_S = 180
+FAILURE_BOUND_S = 60  # a failed task ends its whole step within this (issue 24; docs/running-on-clusters.md)
+
+
+def job_env(slurm, **extra: str) -> Dict[str, str]:
+    return clean_env({"SLURM_CONF": str(slurm.conf), **extra})
+
+
+def job_info(slurm, job_id: str) -> Dict[str, str]:
+    """``scontrol show job -o``'s fields (JobState, ExitCode, Restarts, Reason...)."""
+    line = slurm.run("scontrol", "show", "job", "-o", job_id).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", line))
+
+
+def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"),
+             timeout_s: float = JOB_TIMEOUT_S, requeued_start_now: bool = False) -> Dict[str, str]:
+    """Poll until the job is in one of ``states``. ``requeued_start_now``: a requeued job waits for its BeginTime
+    (about 2 minutes in SLURM 22.05); the test starts it at once instead, as an admin's ``scontrol update`` would."""
+    deadline = time.monotonic() + timeout_s
+    info: Dict[str, str] = {}
+    while time.monotonic() < deadline:
+        info = job_info(slurm, job_id)
+        if info.get("JobState") in states:
+            return info
+        if requeued_start_now and info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+            slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        time.sleep(0.5)
+    slurm.run("scancel", job_id)
+    raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout_s:.0f} s: {info}\n"
+                         f"{slurm.log_tail('slurmctld')}")
+
+
+def sbatch(slurm, folder: Path, extra: List[str], **env: str) -> str:
+    """The document's sbatch script, submitted from ``folder``; returns the job id. Output appends to
+    ``folder/slurm.out`` (a requeued job writes after the first run's lines)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "train.sbatch"
+    script.write_text(sbatch_script(extra))
+    result = slurm.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "slurm.out"),
+                       "--open-mode=append", str(script), env=job_env(slurm, **env))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().split(";")[0]
+
+
+def srun(slurm, folder: Path, layout: List[str], args: List[str], **env: str):
+    """``srun LAYOUT python train.py ARGS`` from ``folder`` (no --kill-on-bad-exit); (result, wall-clock end)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["srun", *layout, sys.executable, str(TRAIN_PY), *args], cwd=folder,
+                            env=job_env(slurm, **env), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    return result, time.time()
+
+
+def final_weights(folder: Path) -> dict:
+    path = experiment_dir(folder) / "checkpoints" / "last.ckpt"
+    verify(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def clean_job(slurm, fashion_root, tmp_path_factory):
+    """The sbatch script run to its end, undisturbed: what every interrupted job must end as."""
+    folder = tmp_path_factory.mktemp("clean-job")
+    job = sbatch(slurm, folder, [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root)])
+    return folder, wait_job(slurm, job)
+
+
+def test_the_sbatch_script_trains_on_cpu_as_written(clean_job):
+    folder, info = clean_job
+    output = (folder / "slurm.out").read_text()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{output[-3000:]}"
+    assert [line.split(":")[0] for line in output.splitlines() if line.startswith("Epoch ")] == \
+        [f"Epoch {e}" for e in range(1, EPOCHS + 1)]
+    assert "Traceback" not in output
+    assert final_weights(folder)["global_step"] == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_sigusr1_saves_requeues_and_the_requeued_job_resumes_to_the_same_weights(slurm, clean_job, fashion_root,
+                                                                                  tmp_path):
+    folder = tmp_path / "job"
+    record = tmp_path / "record"
+    record.mkdir()
+    args = [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root),
+            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=6"]
+    job = sbatch(slurm, folder, args, SAMPLE_RECORD_DIR=str(record))
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (record / "step").exists():
+        assert time.monotonic() < deadline and job_info(slurm, job).get("JobState") in ("PENDING", "RUNNING"), \
+            f"training never reached step 6: {job_info(slurm, job)}\n{_output(folder)}"
+        time.sleep(0.2)
+    # What #SBATCH --signal=SIGUSR1@90 does 90 s before the time limit: SIGUSR1 to every task of the job's steps.
+    assert slurm.run("scancel", "--signal=USR1", job).returncode == 0
+    info = wait_job(slurm, job, requeued_start_now=True)
+    output = _output(folder)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and info["Restarts"] == "1", \
+        f"{info}\n{output[-4000:]}"
+    assert re.search(r"stopped by SIGUSR1 at optimizer step \d+ .*checkpoint saved and verified: .*last\.ckpt .*"
+                     rf"SLURM job {job} requeued", output), output[-4000:]
+    assert output.count("Restored all states from the checkpoint") == 1
+    assert "Traceback" not in output
+
+    clean, resumed = final_weights(clean_job[0]), final_weights(folder)
+    assert resumed["global_step"] == clean["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    for key, value in clean["state_dict"].items():
+        assert torch.equal(value, resumed["state_dict"][key]), key
+
+
+def test_scancel_leaves_no_process_and_a_loadable_last_checkpoint(slurm, fashion_root, tmp_path):
+    folder = tmp_path / "job"
+    record = tmp_path / "record"
+    record.mkdir()
+    args = [*SEEDED, "--epochs", "50", "--data_dir", str(fashion_root),
+            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=2"]
+    job = sbatch(slurm, folder, args, SAMPLE_RECORD_DIR=str(record))
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not (record / "step").exists():
+        assert time.monotonic() < deadline, f"training never started: {job_info(slurm, job)}\n{_output(folder)}"
+        time.sleep(0.2)
+    assert running_in(folder), "no process of the job runs in its folder"
+    cancelled = time.monotonic()
+    assert slurm.run("scancel", job).returncode == 0
+    info = wait_job(slurm, job, states=("CANCELLED",))
+    while running_in(folder) and time.monotonic() < cancelled + FAILURE_BOUND_S:
+        time.sleep(0.2)
+    print(f"\nscancel to no process left: {time.monotonic() - cancelled:.1f} s")
+    assert running_in(folder) == [], f"processes left after scancel: {running_in(folder)}\n{_output(folder)}"
+    assert info["JobState"] == "CANCELLED", info
+    output = _output(folder)
+    assert "stopped by SIGTERM at optimizer step" in output and "checkpoint saved and verified" in output, output
+    assert "Traceback" not in output
+    checkpoint = final_weights(folder)  # sha256 checked against its sidecar, loaded without running code
+    assert 0 < checkpoint["global_step"] < 50 * STEPS_PER_EPOCH
+
+
+@pytest.mark.parametrize("layout, devices, expected", [
+    (["-n", "2"], "2", "SLURM started 2 tasks without --ntasks-per-node, which Lightning needs to place ranks"),
+    (["--ntasks-per-node", "2"], "1", "SLURM started 2 task(s) per node but --devices is 1"),
+    (["--ntasks-per-node", "2"], "2 --num_nodes 2", "SLURM allocated 1 node(s) but --num_nodes is 2"),
+], ids=["srun-n-2", "tasks-not-devices", "nodes-not-num_nodes"])
+def test_a_task_layout_the_trainer_cannot_use_ends_with_one_line_and_exit_2(slurm, fashion_root, tmp_path, layout,
+                                                                             devices, expected):
+    args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", *devices.split(), "--network", "mlp",
+            "--epochs", "1", "--data_dir", str(fashion_root)]
+    result, _ = srun(slurm, tmp_path, layout, args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("train.py")]
+    assert len(lines) == 1 and expected in lines[0], result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(slurm, tmp_path):
+    """Rank 0 finds no data (exit 65) while rank 1 waits to join its process group: without the failed task's
+    SIGUSR2 to its step, rank 1 waited 2 x 300 s (the collective timeout, retried once)."""
+    args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp", "--epochs", "1",
+            "--data_dir", str(tmp_path / "no-data")]
+    started = time.time()
+    result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args)
+    seconds = ended - started
+    print(f"\nsrun, rank 0 without data: the step ended {seconds:.1f} s after it started")
+    assert result.returncode == 65, result.stderr[-3000:]  # srun returns the highest code: the failed task's
+    assert seconds < FAILURE_BOUND_S
+    assert re.search(r"^train\.py: error: Fashion-MNIST not found", result.stderr, flags=re.M), result.stderr
+    assert re.search(r"^train\.py: rank 1: stopped because another task of SLURM step \d+\.\d+ failed",
+                     result.stderr, flags=re.M), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_task_killed_during_training_ends_the_step_without_kill_on_bad_exit(slurm, fashion_root, tmp_path):
+    """Rank 1 SIGKILLs itself 2 steps after the first epoch's checkpoint (tests.recorder.KillAfterCheckpoint)."""
+    record = tmp_path / "record"
+    record.mkdir()
+    args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", *SEEDED, "--epochs", "50",
+            "--data_dir", str(fashion_root), "--trainer.callbacks+=tests.recorder.KillAfterCheckpoint"]
+    result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args, SAMPLE_RECORD_DIR=str(record))
+    after_kill = ended - (record / "killed-0").stat().st_mtime
+    print(f"\nsrun, rank 1 SIGKILLed in training: the step ended {after_kill:.1f} s after the kill")
+    assert result.returncode == 128 + 9, result.stderr[-3000:]  # srun: the highest code, here the killed task's
+    assert after_kill < FAILURE_BOUND_S
+    assert re.search(r"^train\.py: error: rank 0 lost its connection to another rank", result.stderr, flags=re.M), \
+        result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+
+
+def _output(folder: Path) -> str:
+    path = folder / "slurm.out"
+    return path.read_text(errors="replace") if path.exists() else "(no slurm.out yet)"
