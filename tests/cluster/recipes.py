@@ -6,7 +6,7 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from cli.launch import REPO, TRAIN_PY
 
@@ -33,3 +33,29 @@ def sbatch_script(extra: Sequence[str]) -> str:
     text = _sub(r"\bpython train\.py\b", f"{shlex.quote(sys.executable)} {shlex.quote(str(TRAIN_PY))}", text)
     text = _sub(r"--devices 4 --num_nodes 2\b", "--devices 2 --num_nodes 1 --accelerator cpu", text)
     return _sub(r"\$RESUME$", f"$RESUME {' '.join(map(shlex.quote, extra))}", text)
+
+
+def torchrun_recipe(marker: str, nproc_per_node: int, endpoint: str, extra: Sequence[str],
+                    **replace: str) -> Tuple[Dict[str, str], List[str]]:
+    """The torchrun line of the document that contains ``marker``, on CPU: (its environment assignments, argv for
+    this Python). ``--nproc-per-node`` and ``--devices`` become ``nproc_per_node``, ``HOST0:29500`` or
+    ``--master_addr HOST0 --master_port 29500`` become ``endpoint``; ``replace`` swaps any other flag's value
+    (``max_restarts="0"`` for ``--max-restarts``); ``extra`` goes after train.py's own flags."""
+    lines = [line for block in bash_blocks() for line in block.replace("\\\n", " ").splitlines()
+             if marker in line and "torchrun" in line]
+    assert len(lines) == 1, f"{DOC.name}: {len(lines)} torchrun lines contain {marker!r}"
+    words = shlex.split(lines[0], comments=True)
+    env = dict(word.split("=", 1) for word in words[: words.index("torchrun")])
+    argv = ["-m", "torch.distributed.run"] + words[words.index("torchrun") + 1:]
+    host, port = endpoint.rsplit(":", 1)
+    for i, word in enumerate(argv):
+        value = {"--nproc-per-node": str(nproc_per_node), "--nproc_per_node": str(nproc_per_node),
+                 "--devices": str(nproc_per_node), "--rdzv-endpoint": endpoint, "--master_addr": host,
+                 "--master_port": port,
+                 **{f"--{form}": v for flag, v in replace.items() for form in (flag, flag.replace("_", "-"))}}.get(
+                     argv[i - 1])
+        if i and value is not None:
+            argv[i] = value
+    assert "train.py" in argv, lines[0]
+    argv[argv.index("train.py")] = str(TRAIN_PY)
+    return env, [*argv, "--accelerator", "cpu", *extra]

@@ -1,0 +1,124 @@
+"""docs/running-on-clusters.md's torchrun recipes, run as written on 127.0.0.1 (CPU and gloo, one process per "node"
+for the multi-node lines): real torchrun agents with the c10d rendezvous, a worker SIGKILLed mid-epoch, the group
+restarted and resumed from last.ckpt to exactly a clean run's weights; with ``--max-restarts 0`` the job ends.
+
+Every job trains the mlp on the tiny data seeded and deterministic: 2 ranks x batch 32 = 4 optimizer steps per
+epoch. The fault: rank 1 SIGKILLs itself 2 steps after the first epoch's checkpoint (tests.recorder.KillAfterCheckpoint).
+"""
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+
+from cli.launch import clean_env, free_port, running_in, start_all, wait_all
+from tests.cluster.recipes import torchrun_recipe
+from tests.conftest import experiment_dir
+
+SEEDED = ["--network", "mlp", "--batch_size", "32", "--seed", "7", "--deterministic", "true", "--test_after_fit",
+          "false", "--trainer.log_every_n_steps", "1"]
+EPOCHS = 3
+STEPS_PER_EPOCH = 4
+KILL = ["--trainer.callbacks+=tests.recorder.KillAfterCheckpoint"]
+MULTI_NODE = "--rdzv-backend c10d"  # the line of the document each test runs, by a phrase only it holds
+ONE_NODE = "torchrun --nproc-per-node"
+STATIC = "--node_rank 0"
+TIMEOUT_S = 240
+
+
+def run_agents(folder: Path, marker: str, nodes: int, nproc: int, extra: List[str], **replace: str):
+    """Start ``nodes`` torchrun agents of the document's line (each its own ``--node_rank`` when the line has one),
+    all in ``folder`` (the shared storage the document asks for); wait for all. Returns (jobs, record folder, the
+    time.time() they all had exited)."""
+    record = folder / "record"
+    record.mkdir(parents=True)
+    endpoint = f"127.0.0.1:{free_port()}"
+    commands = []
+    for node in range(nodes):
+        node_rank = {"node_rank": str(node)} if marker == STATIC else {}
+        env, argv = torchrun_recipe(marker, nproc, endpoint, [*SEEDED, "--epochs", str(EPOCHS), *extra],
+                                    **replace, **node_rank)
+        commands.append((f"agent{node}", argv, folder, clean_env({**env, "SAMPLE_RECORD_DIR": str(record)})))
+    jobs = start_all(commands, folder.parent / f"{folder.name}-logs")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not all(job.exited() for job in jobs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ended = time.time()
+    left = running_in(folder)
+    problem = wait_all(jobs, 1)
+    assert problem is None, problem
+    assert left == [], f"processes left running: {left}"
+    return jobs, record, ended
+
+
+def final_checkpoint(folder: Path) -> dict:
+    return torch.load(experiment_dir(folder) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(clean: dict, other: dict) -> None:
+    assert other["global_step"] == clean["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert clean["state_dict"].keys() == other["state_dict"].keys()
+    for key, value in clean["state_dict"].items():
+        assert torch.equal(value, other["state_dict"][key]), key
+
+
+def tails(jobs) -> str:
+    return "\n".join(job.tail(4000) for job in jobs)
+
+
+@pytest.fixture(scope="module")
+def clean_run(fashion_root, tmp_path_factory) -> Dict:
+    """The multi-node c10d line, two agents, nothing killed."""
+    folder = tmp_path_factory.mktemp("clean")
+    jobs, _, _ = run_agents(folder, MULTI_NODE, 2, 1, ["--data_dir", str(fashion_root)])
+    assert [job.returncode for job in jobs] == [0, 0], tails(jobs)
+    return final_checkpoint(folder)
+
+
+def test_two_agents_restart_a_lost_worker_resume_from_last_ckpt_and_end_as_a_clean_run(clean_run, fashion_root,
+                                                                                      tmp_path):
+    folder = tmp_path / "job"
+    jobs, record, _ = run_agents(folder, MULTI_NODE, 2, 1, ["--data_dir", str(fashion_root), *KILL])
+    assert [job.returncode for job in jobs] == [0, 0], tails(jobs)
+    assert (record / "killed-0").exists(), "the worker was not killed"
+    # Rank 0's agent restarts its worker for the new rendezvous round without counting a restart (its
+    # TORCHELASTIC_RESTART_COUNT stays 0): the newest record is the attempt that finished.
+    newest = max(record.glob("attempt-*.json"), key=lambda p: p.stat().st_mtime)
+    assert json.loads(newest.read_text())["start_step"] == STEPS_PER_EPOCH  # resumed from epoch 1's checkpoint
+    assert "".join(job.stderr for job in jobs).count("Restored all states from the checkpoint") == 1  # rank 0 says
+    assert_same_weights(clean_run, final_checkpoint(folder))
+
+
+def test_one_node_restart_line_resumes_and_ends_as_a_clean_run(clean_run, fashion_root, tmp_path):
+    folder = tmp_path / "job"
+    jobs, record, _ = run_agents(folder, ONE_NODE, 1, 2, ["--data_dir", str(fashion_root), *KILL])
+    assert [job.returncode for job in jobs] == [0], tails(jobs)
+    assert (record / "killed-0").exists() and (record / "attempt-1.json").exists(), tails(jobs)
+    assert_same_weights(clean_run, final_checkpoint(folder))  # 2 ranks on one node, or on two: the same run
+
+
+def test_static_two_node_line_trains(fashion_root, tmp_path):
+    jobs, _, _ = run_agents(tmp_path / "job", STATIC, 2, 1, ["--data_dir", str(fashion_root)])
+    assert [job.returncode for job in jobs] == [0, 0], tails(jobs)
+    assert final_checkpoint(tmp_path / "job")["global_step"] == EPOCHS * STEPS_PER_EPOCH
+
+
+def test_without_restarts_a_lost_worker_ends_both_agents_with_one_line(fashion_root, tmp_path):
+    folder = tmp_path / "job"
+    # No restart may come, so --ckpt_path last with nothing saved would be refused (exit 66): a new run instead.
+    jobs, record, ended = run_agents(folder, MULTI_NODE, 2, 1, ["--data_dir", str(fashion_root), *KILL],
+                                     max_restarts="0", ckpt_path="null")
+    seconds = ended - (record / "killed-0").stat().st_mtime
+    print(f"\ntorchrun --max-restarts 0, 2 agents, a worker SIGKILLed: both agents ended {seconds:.1f} s after it")
+    assert all(job.returncode != 0 for job in jobs), tails(jobs)
+    assert seconds < 60
+    # The surviving worker says what happened in one line (exit 75); then torchrun prints its own ChildFailedError
+    # report, as it does for any failed worker.
+    survivor = jobs[0].stderr
+    lines = [line for line in survivor.splitlines() if line.startswith("train.py:")]
+    assert len(lines) == 1 and re.search(r"rank 0 lost its connection to another rank", lines[0]), tails(jobs)
+    assert re.search(r"rank\s*: 0 .*\n\s*exitcode\s*: 75 ", survivor), survivor[-3000:]
