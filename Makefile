@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers: most tests wait on train.py processes, so 2 keep 2 cores busy (0 runs them in one process)
 PYTEST_WORKERS ?= 2
 
-.PHONY: help train test test-unit bench tensorboard clean
+.PHONY: help train test test-unit test-cluster bench tensorboard clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 14
@@ -31,6 +31,9 @@ test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU): the CI 
 
 test-unit: $(STAMP)  ## the unit tier only (tests/unit: no subprocess, no process group; under a minute): while editing
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit $(PYTEST_ARGS)
+
+test-cluster: $(STAMP)  ## the cluster tier only (tests/cluster): a real SLURM on this machine (apt-get installs it as root), torchrun agents
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/cluster $(PYTEST_ARGS)
 
 # Extra flags for the benchmark, e.g. make bench BENCH_ARGS="--network fast --repeats 5"
 BENCH_ARGS ?=

@@ -38,10 +38,13 @@ def install_reason() -> Optional[str]:
                 f"{' '.join(PACKAGES)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
-    result = subprocess.run(install, env=env, capture_output=True, text=True)
-    if result.returncode != 0:  # a fresh machine may not have the package lists yet
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, text=True)
-        result = subprocess.run(install, env=env, capture_output=True, text=True)
+    try:
+        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:  # a fresh machine may not have the package lists yet
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, text=True, timeout=600)
+            result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return f"apt-get install {' '.join(PACKAGES)} took more than 10 minutes (no package registry?)"
     if missing_programs():
         tail = " ".join((result.stderr or result.stdout).split())[-300:]
         return f"apt-get install {' '.join(PACKAGES)} failed (exit {result.returncode}): {tail}"

@@ -1,5 +1,6 @@
 """Process lifetime without processes: the collective timeout from the environment, on every ddp/fsdp name; each
-fault of the job recognised by its message, and nothing else; what a torchrun worker reads from its variables."""
+fault of the job recognised by its message, and nothing else; what a torchrun worker reads from its variables;
+which srun step a failing task signals (the signal itself: tests/cluster/test_slurm.py)."""
 
 from datetime import timedelta
 
@@ -14,9 +15,11 @@ from runtime.lifetime import (
     attempt,
     collective_timeout,
     data_worker_timeout,
+    end_peer_tasks,
     max_restarts,
     set_collective_timeout,
     shared_store_warning,
+    srun_step,
 )
 from strategies import register_strategies
 
@@ -76,3 +79,14 @@ def test_what_a_worker_reads_from_torchruns_variables():
     assert shared_store_warning({**env, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None  # no restarts asked for
 
 
+
+
+def test_only_a_task_of_a_several_task_srun_step_has_a_step_to_signal(monkeypatch):
+    task = {"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}
+    assert srun_step(task) == "41.0"
+    assert srun_step({**task, "SLURM_STEP_NUM_TASKS": "1"}) is None  # alone in its step: no peer waits for it
+    assert srun_step({k: v for k, v in task.items() if k != "SLURM_STEP_ID"}) is None  # the batch script itself
+    assert srun_step({**task, "SLURM_JOB_ID": "41; rm -rf /"}) is None  # only ids go to scancel
+    assert srun_step({}) is None
+    monkeypatch.setenv("PATH", "/nonexistent")  # outside srun scancel is never run; under srun, a missing one is fine
+    assert end_peer_tasks({}) is None
