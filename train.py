@@ -21,9 +21,16 @@ What happens when you run it:
 Any mistake ends with one line on stderr and an exit code (README, "Exit codes"), never a traceback.
 """
 
+import os
+import signal
 import sys
 
-from cli.app import main
+if os.environ.get("SLURM_STEP_NUM_TASKS", "1") != "1":
+    # Under srun a failed task signals the others (runtime.lifetime.end_peer_tasks). Until the run-time guards
+    # listen (runtime/preemption.py), a task still importing ends at once too, with the same code, 1.
+    signal.signal(signal.SIGUSR2, lambda signum, frame: os._exit(1))
+
+from cli.app import main  # noqa: E402
 
 __all__ = ["main"]
 

@@ -184,7 +184,8 @@ def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(s
     result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args)
     seconds = ended - started
     print(f"\nsrun, rank 0 without data: the step ended {seconds:.1f} s after it started")
-    assert result.returncode == 65, result.stderr[-3000:]  # srun returns the highest code: the failed task's
+    assert result.returncode == 65, f"exit {result.returncode}:\n{result.stderr[-3000:]}\n{result.stdout[-2000:]}"
+    # srun returns the highest code of its tasks: the failed task's
     assert seconds < FAILURE_BOUND_S
     assert re.search(r"^train\.py: error: Fashion-MNIST not found", result.stderr, flags=re.M), result.stderr
     assert re.search(r"^train\.py: rank 1: stopped because another task of SLURM step \d+\.\d+ failed",

@@ -116,9 +116,8 @@ def test_without_restarts_a_lost_worker_ends_both_agents_with_one_line(fashion_r
     print(f"\ntorchrun --max-restarts 0, 2 agents, a worker SIGKILLed: both agents ended {seconds:.1f} s after it")
     assert all(job.returncode != 0 for job in jobs), tails(jobs)
     assert seconds < 60
-    # The surviving worker says what happened in one line (exit 75); then torchrun prints its own ChildFailedError
-    # report, as it does for any failed worker.
-    survivor = jobs[0].stderr
-    lines = [line for line in survivor.splitlines() if line.startswith("train.py:")]
+    # The surviving worker says what happened in one line (exit 75). What its agent prints after it is torchrun's:
+    # its ChildFailedError report, or a lost c10d store when the other agent hosted it (on one machine either
+    # agent may: both are "HOST0").
+    lines = [line for line in jobs[0].stderr.splitlines() if line.startswith("train.py:")]
     assert len(lines) == 1 and re.search(r"rank 0 lost its connection to another rank", lines[0]), tails(jobs)
-    assert re.search(r"rank\s*: 0 .*\n\s*exitcode\s*: 75 ", survivor), survivor[-3000:]
