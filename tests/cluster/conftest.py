@@ -2,9 +2,21 @@
 agents on 127.0.0.1. A machine without SLURM that cannot install it (not root, no apt-get) skips the SLURM tests
 with the reason; CI runs as root and installs slurm-wlm and munge from Debian's packages."""
 
+import socket
+
 import pytest
 
 from tests.cluster.local_slurm import LocalSlurm, install_reason
+
+
+def hostname_reason():
+    """Lightning takes rank 0's address from SLURM's node list, this machine's host name: it must resolve."""
+    host = socket.gethostname().split(".")[0]
+    try:
+        socket.gethostbyname(host)
+    except OSError as error:
+        return f"this machine's host name {host!r} does not resolve ({error}): srun's ranks could not find rank 0"
+    return None
 
 
 def pytest_collection_modifyitems(items):
@@ -17,7 +29,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """munged, slurmctld and slurmd up for the session (tests/cluster/local_slurm.py), stopped after it."""
-    reason = install_reason()
+    reason = install_reason() or hostname_reason()
     if reason:
         pytest.skip(reason)
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
