@@ -26,7 +26,7 @@ $(STAMP): setup.cfg pyproject.toml
 train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds flags)
 	$(BIN)/python train.py $(ARGS)
 
-test: $(STAMP)  ## set up, then run the whole test suite (offline, CPU): the CI command
+test: $(STAMP)  ## set up, then run the whole test suite (CPU; the cluster tier may apt-get SLURM): the CI command
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-unit: $(STAMP)  ## the unit tier only (tests/unit: no subprocess, no process group; under a minute): while editing
