@@ -150,10 +150,14 @@ class LocalSlurm:
         return f"--- {path}:\n{path.read_text(errors='replace')[-chars:]}" if path.exists() else f"(no {path})"
 
     def stop(self) -> None:
-        """Cancel every job, then stop slurmd, slurmctld and munged by pid (SIGKILL after 10 s)."""
+        """Cancel every job and wait (up to 60 s) until none is left, then stop slurmd, slurmctld and munged by pid
+        (SIGKILL after 10 s)."""
         if "slurmctld" in self.pids:
             try:
                 self.run("scancel", "--full", "--user", "root", timeout=10)
+                deadline = time.monotonic() + 60
+                while self.run("squeue", "-h", timeout=10).stdout.strip() and time.monotonic() < deadline:
+                    time.sleep(0.5)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         for name in reversed(DAEMONS):
