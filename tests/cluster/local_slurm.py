@@ -21,11 +21,11 @@ from cli.launch import free_port
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
-COMMANDS = ("srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo", "sacct")
+COMMANDS = ("srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo")  # what the tier runs
 
 
 def missing_programs() -> List[str]:
-    return [name for name in (*DAEMONS, *COMMANDS[:5]) if shutil.which(name) is None]
+    return [name for name in (*DAEMONS, *COMMANDS) if shutil.which(name) is None]
 
 
 def install_reason() -> Optional[str]:
@@ -124,8 +124,9 @@ class LocalSlurm:
     def start(self, timeout_s: float = 60) -> "LocalSlurm":
         self._write_config()
         munge = self.folder / "munge"
-        self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}", f"--key-file={munge / 'munge.key'}",
-                                f"--pid-file={munge / 'munged.pid'}", f"--log-file={self.folder / 'log' / 'munged.log'}",
+        self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
+                                f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
+                                f"--log-file={self.folder / 'log' / 'munged.log'}",
                                 f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
         self._daemon("slurmctld", ["slurmctld", "-i", "-f", str(self.conf)], self.folder / "slurmctld.pid")
         self._daemon("slurmd", ["slurmd", "-f", str(self.conf)], self.folder / "slurmd.pid")
@@ -139,11 +140,12 @@ class LocalSlurm:
         raise RuntimeError(f"the SLURM node is {state!r}, not idle, {timeout_s:.0f} s after start:\n"
                            f"{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}")
 
-    def run(self, *argv: str, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    def run(self, *argv: str, timeout: float = 60, env: Optional[Dict[str, str]] = None,
+            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
         """A SLURM command against this cluster (``run("scontrol", "show", "job", "7")``); ``env`` (SLURM_CONF is
         added) for what sbatch and srun pass on to the job, else this process's environment."""
         env = self.env() if env is None else {**env, "SLURM_CONF": str(self.conf)}
-        return subprocess.run(list(argv), env=env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(list(argv), env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
     def log_tail(self, daemon: str, chars: int = 3000) -> str:
         path = self.folder / "log" / f"{daemon}.log"

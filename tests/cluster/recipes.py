@@ -8,9 +8,17 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+import torch
+
 from cli.launch import REPO, TRAIN_PY
+from runtime.checkpoint_io import verify
+from tests.conftest import experiment_dir
 
 DOC = REPO / "docs" / "running-on-clusters.md"
+# What the tier appends to every recipe: the mlp on the tiny data, seeded and deterministic, 2 ranks x batch 32
+SEEDED = ["--network", "mlp", "--batch_size", "32", "--seed", "7", "--deterministic", "true", "--test_after_fit",
+          "false", "--trainer.log_every_n_steps", "1"]
+STEPS_PER_EPOCH = 4  # 256 images / (2 ranks x 32)
 
 
 def bash_blocks(doc: Path = DOC) -> List[str]:
@@ -48,14 +56,26 @@ def torchrun_recipe(marker: str, nproc_per_node: int, endpoint: str, extra: Sequ
     env = dict(word.split("=", 1) for word in words[: words.index("torchrun")])
     argv = ["-m", "torch.distributed.run"] + words[words.index("torchrun") + 1:]
     host, port = endpoint.rsplit(":", 1)
-    for i, word in enumerate(argv):
-        value = {"--nproc-per-node": str(nproc_per_node), "--nproc_per_node": str(nproc_per_node),
-                 "--devices": str(nproc_per_node), "--rdzv-endpoint": endpoint, "--master_addr": host,
-                 "--master_port": port,
-                 **{f"--{form}": v for flag, v in replace.items() for form in (flag, flag.replace("_", "-"))}}.get(
-                     argv[i - 1])
-        if i and value is not None:
-            argv[i] = value
+    values = {"--nproc-per-node": str(nproc_per_node), "--nproc_per_node": str(nproc_per_node),
+              "--devices": str(nproc_per_node), "--rdzv-endpoint": endpoint, "--master_addr": host,
+              "--master_port": port,
+              **{f"--{form}": value for flag, value in replace.items() for form in (flag, flag.replace("_", "-"))}}
+    argv = [argv[0], *(values.get(flag, word) for flag, word in zip(argv, argv[1:]))]
     assert "train.py" in argv, lines[0]
     argv[argv.index("train.py")] = str(TRAIN_PY)
     return env, [*argv, "--accelerator", "cpu", *extra]
+
+
+def final_checkpoint(folder: Path) -> dict:
+    """The run's ``last.ckpt`` under ``folder``: checked against its sha256, loaded without running code."""
+    path = experiment_dir(folder) / "checkpoints" / "last.ckpt"
+    verify(path)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def assert_same_weights(clean: dict, other: dict, steps: int) -> None:
+    """Both checkpoints ended at optimizer step ``steps`` with bitwise the same weights."""
+    assert other["global_step"] == clean["global_step"] == steps
+    assert clean["state_dict"].keys() == other["state_dict"].keys()
+    for key, value in clean["state_dict"].items():
+        assert torch.equal(value, other["state_dict"][key]), key

@@ -7,30 +7,21 @@ epoch. Failure-to-exit times are printed (``-s`` shows them) for docs/running-on
 """
 
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
-import torch
 
 from cli.launch import TRAIN_PY, clean_env, running_in
-from runtime.checkpoint_io import verify
-from tests.cluster.recipes import sbatch_script
-from tests.conftest import experiment_dir
+from tests.cluster import recipes
+from tests.cluster.recipes import STEPS_PER_EPOCH, assert_same_weights, final_checkpoint, sbatch_script
 
-SEEDED = ["--network", "mlp", "--batch_size", "32", "--seed", "7", "--deterministic", "true", "--test_after_fit",
-          "false", "--trainer.log_every_n_steps", "1", "--check_every_n_steps", "1"]
+SEEDED = [*recipes.SEEDED, "--check_every_n_steps", "1"]  # a signal stops the run at the next step
 EPOCHS = 4
-STEPS_PER_EPOCH = 4  # 256 images / (2 tasks x 32)
 JOB_TIMEOUT_S = 180
 FAILURE_BOUND_S = 60  # a failed task ends its whole step within this (issue 24; docs/running-on-clusters.md)
-
-
-def job_env(slurm, **extra: str) -> Dict[str, str]:
-    return clean_env({"SLURM_CONF": str(slurm.conf), **extra})
 
 
 def job_info(slurm, job_id: str) -> Dict[str, str]:
@@ -64,7 +55,7 @@ def sbatch(slurm, folder: Path, extra: List[str], **env: str) -> str:
     script = folder / "train.sbatch"
     script.write_text(sbatch_script(extra))
     result = slurm.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "slurm.out"),
-                       "--open-mode=append", str(script), env=job_env(slurm, **env))
+                       "--open-mode=append", str(script), env=clean_env(env))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
@@ -72,15 +63,9 @@ def sbatch(slurm, folder: Path, extra: List[str], **env: str) -> str:
 def srun(slurm, folder: Path, layout: List[str], args: List[str], **env: str):
     """``srun LAYOUT python train.py ARGS`` from ``folder`` (no --kill-on-bad-exit); (result, wall-clock end)."""
     folder.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["srun", *layout, sys.executable, str(TRAIN_PY), *args], cwd=folder,
-                            env=job_env(slurm, **env), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    result = slurm.run("srun", *layout, sys.executable, str(TRAIN_PY), *args, env=clean_env(env), cwd=folder,
+                       timeout=JOB_TIMEOUT_S)
     return result, time.time()
-
-
-def final_weights(folder: Path) -> dict:
-    path = experiment_dir(folder) / "checkpoints" / "last.ckpt"
-    verify(path)
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +83,7 @@ def test_the_sbatch_script_trains_on_cpu_as_written(clean_job):
     assert [line.split(":")[0] for line in output.splitlines() if line.startswith("Epoch ")] == \
         [f"Epoch {e}" for e in range(1, EPOCHS + 1)]
     assert "Traceback" not in output
-    assert final_weights(folder)["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    assert final_checkpoint(folder)["global_step"] == EPOCHS * STEPS_PER_EPOCH
 
 
 def test_sigusr1_saves_requeues_and_the_requeued_job_resumes_to_the_same_weights(slurm, clean_job, fashion_root,
@@ -125,10 +110,7 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes_to_the_same_weights
     assert output.count("Restored all states from the checkpoint") == 1
     assert "Traceback" not in output
 
-    clean, resumed = final_weights(clean_job[0]), final_weights(folder)
-    assert resumed["global_step"] == clean["global_step"] == EPOCHS * STEPS_PER_EPOCH
-    for key, value in clean["state_dict"].items():
-        assert torch.equal(value, resumed["state_dict"][key]), key
+    assert_same_weights(final_checkpoint(clean_job[0]), final_checkpoint(folder), EPOCHS * STEPS_PER_EPOCH)
 
 
 def test_scancel_leaves_no_process_and_a_loadable_last_checkpoint(slurm, fashion_root, tmp_path):
@@ -154,7 +136,7 @@ def test_scancel_leaves_no_process_and_a_loadable_last_checkpoint(slurm, fashion
     output = _output(folder)
     assert "stopped by SIGTERM at optimizer step" in output and "checkpoint saved and verified" in output, output
     assert "Traceback" not in output
-    checkpoint = final_weights(folder)  # sha256 checked against its sidecar, loaded without running code
+    checkpoint = final_checkpoint(folder)  # sha256 checked against its sidecar, loaded without running code
     assert 0 < checkpoint["global_step"] < 50 * STEPS_PER_EPOCH
 
 
@@ -188,8 +170,8 @@ def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(s
     result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args, **env)
     seconds = ended - started
     print(f"\nsrun, rank 0 without data, rank 1 {rank_1}: the step ended {seconds:.1f} s after it started")
-    assert result.returncode == 65, f"exit {result.returncode}:\n{result.stderr[-3000:]}\n{result.stdout[-2000:]}"
     # srun returns the highest code of its tasks: the failed task's
+    assert result.returncode == 65, f"exit {result.returncode}:\n{result.stderr[-3000:]}\n{result.stdout[-2000:]}"
     assert seconds < FAILURE_BOUND_S
     assert re.search(r"^train\.py: error: Fashion-MNIST not found", result.stderr, flags=re.M), result.stderr
     if rank_1 == "waiting":  # a task still importing ends without a line of its own

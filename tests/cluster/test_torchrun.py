@@ -3,7 +3,8 @@ for the multi-node lines): real torchrun agents with the c10d rendezvous, a work
 restarted and resumed from last.ckpt to exactly a clean run's weights; with ``--max-restarts 0`` the job ends.
 
 Every job trains the mlp on the tiny data seeded and deterministic: 2 ranks x batch 32 = 4 optimizer steps per
-epoch. The fault: rank 1 SIGKILLs itself 2 steps after the first epoch's checkpoint (tests.recorder.KillAfterCheckpoint).
+epoch. The fault: rank 1 SIGKILLs itself 2 steps after the first epoch's checkpoint
+(tests.recorder.KillAfterCheckpoint).
 """
 
 import json
@@ -13,16 +14,12 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
-import torch
 
 from cli.launch import clean_env, free_port, running_in, start_all, wait_all
-from tests.cluster.recipes import torchrun_recipe
-from tests.conftest import experiment_dir
+from tests.cluster.recipes import (SEEDED, STEPS_PER_EPOCH, assert_same_weights, final_checkpoint,
+                                   torchrun_recipe)
 
-SEEDED = ["--network", "mlp", "--batch_size", "32", "--seed", "7", "--deterministic", "true", "--test_after_fit",
-          "false", "--trainer.log_every_n_steps", "1"]
 EPOCHS = 3
-STEPS_PER_EPOCH = 4
 KILL = ["--trainer.callbacks+=tests.recorder.KillAfterCheckpoint"]
 MULTI_NODE = "--rdzv-backend c10d"  # the line of the document each test runs, by a phrase only it holds
 ONE_NODE = "torchrun --nproc-per-node"
@@ -55,17 +52,6 @@ def run_agents(folder: Path, marker: str, nodes: int, nproc: int, extra: List[st
     return jobs, record, ended
 
 
-def final_checkpoint(folder: Path) -> dict:
-    return torch.load(experiment_dir(folder) / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-
-
-def assert_same_weights(clean: dict, other: dict) -> None:
-    assert other["global_step"] == clean["global_step"] == EPOCHS * STEPS_PER_EPOCH
-    assert clean["state_dict"].keys() == other["state_dict"].keys()
-    for key, value in clean["state_dict"].items():
-        assert torch.equal(value, other["state_dict"][key]), key
-
-
 def tails(jobs) -> str:
     return "\n".join(job.tail(4000) for job in jobs)
 
@@ -90,7 +76,7 @@ def test_two_agents_restart_a_lost_worker_resume_from_last_ckpt_and_end_as_a_cle
     newest = max(record.glob("attempt-*.json"), key=lambda p: p.stat().st_mtime)
     assert json.loads(newest.read_text())["start_step"] == STEPS_PER_EPOCH  # resumed from epoch 1's checkpoint
     assert "".join(job.stderr for job in jobs).count("Restored all states from the checkpoint") == 1  # rank 0 says
-    assert_same_weights(clean_run, final_checkpoint(folder))
+    assert_same_weights(clean_run, final_checkpoint(folder), EPOCHS * STEPS_PER_EPOCH)
 
 
 def test_one_node_restart_line_resumes_and_ends_as_a_clean_run(clean_run, fashion_root, tmp_path):
@@ -98,7 +84,8 @@ def test_one_node_restart_line_resumes_and_ends_as_a_clean_run(clean_run, fashio
     jobs, record, _ = run_agents(folder, ONE_NODE, 1, 2, ["--data_dir", str(fashion_root), *KILL])
     assert [job.returncode for job in jobs] == [0], tails(jobs)
     assert (record / "killed-0").exists() and (record / "attempt-1.json").exists(), tails(jobs)
-    assert_same_weights(clean_run, final_checkpoint(folder))  # 2 ranks on one node, or on two: the same run
+    # 2 ranks on one node, or on two: the same run
+    assert_same_weights(clean_run, final_checkpoint(folder), EPOCHS * STEPS_PER_EPOCH)
 
 
 def test_static_two_node_line_trains(fashion_root, tmp_path):
