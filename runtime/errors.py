@@ -45,6 +45,7 @@ class UserFacingError(Exception):
     every_rank = True  # False: raised on every rank at once, rank 0 alone prints
     children: Sequence = ()  # rank processes this launching process must wait for before it exits
     children_grace_s = 30.0
+    printed = False  # its line is already out (a stop prints it before any rank may exit)
 
 
 class ConfigError(UserFacingError, ValueError):
@@ -198,6 +199,13 @@ def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
             child.wait()
 
 
+def print_line(error: UserFacingError) -> None:
+    """The error's one line, on stderr (stdout for a run that ends well)."""
+    stream = sys.stdout if error.to_stdout else sys.stderr
+    print(f"train.py: {error.prefix}{one_line(error)}{error.hint}", file=stream, flush=True)
+    error.printed = True
+
+
 def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -> int:
     """Run ``run`` (which returns the rank processes it launched) and return the exit code: 0, or the table's code
     after the error's one line. ``rank()``: this process's global rank, for faults that name it."""
@@ -211,9 +219,8 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -
         if error is None:
             end_peer_tasks()  # a bug on this task: under srun the others would wait for it
             raise
-        if error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0:
-            stream = sys.stdout if error.to_stdout else sys.stderr
-            print(f"train.py: {error.prefix}{one_line(error)}{error.hint}", file=stream, flush=True)
+        if not error.printed and (error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0):
+            print_line(error)
         if error.every_rank and error.exit_code != ExitCode.OK:  # may be this task's alone: under srun the others
             end_peer_tasks()                                      # would wait for it
         wait_for(error.children, error.children_grace_s)

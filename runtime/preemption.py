@@ -1,11 +1,15 @@
 """Preemption: SIGTERM, SLURM's SIGUSR1 or Ctrl-C stop every rank at the same step with a verified ``last.ckpt``.
 
 The handlers only note the signal. At the next decision point (runtime/agreement.py) the ranks learn
-what any of them received; then every rank takes part in saving ``last.ckpt`` (rank 0 writes it and
-reads it back against its sha256) and raises :class:`~runtime.errors.Preempted`: exit 143 (SIGTERM,
-SIGUSR1) or 130 (Ctrl-C). Under ``accumulate_grad_batches`` > 1 the stop waits for the optimizer step.
-SIGUSR1 under SLURM also runs ``scontrol requeue`` once. Outside training there is no step to stop at:
-143 or 130 at once, with one line, also while the rendezvous waits. A second Ctrl-C during training stops at once.
+what any of them received; then the stop runs in this order, and no rank exits before its end:
+every rank takes part in saving ``last.ckpt`` (rank 0 writes it and reads it back against its sha256);
+rank 0 runs ``scontrol requeue`` once for SIGUSR1 under SLURM and prints the stop's line; a barrier; every rank
+raises :class:`~runtime.errors.Preempted`: exit 143 (SIGTERM, SIGUSR1) or 130 (Ctrl-C). From the decision on, a
+signal belongs to the same stop (the requeue's own SIGTERM reaches every task while rank 0 is still printing), and
+no task's exit can let ``srun --kill-on-bad-exit`` end rank 0 before it requeued (docs/running-on-clusters.md,
+"Preemption, step by step"). Under ``accumulate_grad_batches`` > 1 the stop waits for the optimizer step.
+Outside training there is no step to stop at: 143 or 130 at once, with one line, also while the rendezvous waits.
+A second Ctrl-C during training, before a stop is under way, stops at once.
 Under srun, SIGUSR2 from a failed task of the same step (runtime.lifetime.end_peer_tasks) ends this task at once,
 in or outside training, with one line and exit 1: the failed task's own line and code say why.
 Lightning's own handlers are off (runtime/compat.py).
@@ -24,7 +28,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from runtime import compat
+from runtime import compat, errors
 from runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from runtime.checkpoint_io import sidecar_path, verify
 from runtime.errors import ExitCode, Preempted
@@ -33,12 +37,13 @@ from runtime.lifetime import PEER_FAILED, probably_global_rank_zero, srun_step
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
 _received = [False, False, False]  # per SIGNALS, in this process
 _in_training = False  # between on_train_start and on_train_end: defer to the next decision point
+_stopping = False  # a stop is under way: every later signal belongs to it
 
 
 def _handler(signum, frame) -> None:
     """Note the signal for the next decision point; outside training :func:`watch_outside_training` ends the process."""
     index = SIGNALS.index(signum)
-    if signum == signal.SIGINT and _received[index] and _in_training:
+    if signum == signal.SIGINT and _received[index] and _in_training and not _stopping:
         raise KeyboardInterrupt  # second Ctrl-C: stop at once
     _received[index] = True
 
@@ -84,7 +89,7 @@ def watch_outside_training() -> Callable[[], None]:
             for signum in data:
                 if signum == PEER_FAILED and signal.getsignal(PEER_FAILED) is _peer_failed_handler:
                     _exit_peer_failed()  # in training too: the failed task will not take part again
-                if signum in SIGNALS and not _in_training:
+                if signum in SIGNALS and not _in_training and not _stopping:
                     _exit_outside_training(signum)
 
     thread = threading.Thread(target=watch, name="signals-outside-training", daemon=True)
@@ -144,9 +149,9 @@ class Preemption(Participant):
         compat.disable_lightning_signal_handling(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        global _in_training
+        global _in_training, _stopping
         install_handlers()  # again, in case anything replaced them since start-up
-        _in_training = True
+        _in_training, _stopping = True, False
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         global _in_training
@@ -172,6 +177,8 @@ class Preemption(Participant):
         interrupted, terminated, usr1 = flags
         name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
         exit_code = ExitCode.PREEMPTED if terminated or usr1 else ExitCode.INTERRUPTED
+        global _stopping
+        _stopping = True
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path, weights_only=False)  # every rank takes part; rank 0 writes, then a barrier
         message = f"stopped by {name} at optimizer step {trainer.global_step} (epoch {trainer.current_epoch + 1})"
@@ -183,4 +190,8 @@ class Preemption(Participant):
             if usr1 and job_id is not None and not self._requeued:
                 self._requeued = True
                 message += f"; {requeue(job_id)}"
-        raise Preempted(message, int(exit_code), rank=trainer.global_rank, children=compat.release_children(trainer))
+        stop = Preempted(message, int(exit_code), rank=trainer.global_rank, children=compat.release_children(trainer))
+        if trainer.is_global_zero:
+            errors.print_line(stop)
+        trainer.strategy.barrier("preempted")  # no rank ends before rank 0 has requeued and printed
+        raise stop

@@ -381,3 +381,54 @@ class StopStep(Callback):
     def on_exception(self, trainer, pl_module, exception):
         record = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"stop{trainer.global_rank}.json"
         record.write_text(json.dumps({"global_step": trainer.global_step, "exception": type(exception).__name__}))
+
+
+class SigtermAt(Callback):
+    """Fault injection for the order of a stop: at ``stage`` of the first stop after a SIGUSR1 (``before_save``,
+    ``after_save``, ``after_requeue``, ``before_line``), rank 0 sends SIGTERM to every rank, as SLURM does to every
+    task once ``scontrol requeue`` has run, then gives the signal 0.5 s to be handled there. Every rank writes its
+    pid to ``$SAMPLE_RECORD_DIR/pid<global rank>``."""
+
+    STAGES = ("before_save", "after_save", "after_requeue", "before_line")
+
+    def __init__(self, stage: str = "after_requeue") -> None:
+        if stage not in self.STAGES:
+            raise ValueError(f"stage must be one of {self.STAGES}, not {stage!r}")
+        self.stage = stage
+        self._sent = False
+
+    def setup(self, trainer, pl_module, stage):
+        from runtime import errors, preemption
+
+        self.record = Path(os.environ["SAMPLE_RECORD_DIR"])
+        (self.record / f"pid{trainer.global_rank}").write_text(str(os.getpid()))
+        if not trainer.is_global_zero:
+            return
+        save, requeue, print_line = trainer.save_checkpoint, preemption.requeue, errors.print_line
+
+        def save_checkpoint(*args, **kwargs):
+            self._at("before_save")
+            save(*args, **kwargs)
+            self._at("after_save")
+
+        def requeue_then_signal(job_id):
+            outcome = requeue(job_id)
+            self._at("after_requeue")
+            return outcome
+
+        def signal_then_print(error):
+            self._at("before_line")
+            print_line(error)
+
+        trainer.save_checkpoint = save_checkpoint
+        preemption.requeue, errors.print_line = requeue_then_signal, signal_then_print
+
+    def _at(self, stage: str) -> None:
+        from runtime.preemption import SIGNALS, received
+
+        if stage != self.stage or self._sent or not received()[SIGNALS.index(signal.SIGUSR1)]:
+            return
+        self._sent = True
+        for pid_file in sorted(self.record.glob("pid*")):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        time.sleep(0.5)

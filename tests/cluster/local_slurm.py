@@ -21,6 +21,7 @@ from cli.launch import free_port
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
+CRED_EXPIRE_S = 10  # SLURM's minimum is 5
 COMMANDS = ("srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo")  # what the tier runs
 
 
@@ -86,7 +87,9 @@ class LocalSlurm:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # A requeued job waits cred_expire + 1 s before it starts again (SLURM's own delay, 121 s by default): the
+            # old job's credential is revoked, so a start within the same second fails ("Job credential revoked")
+            f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",

@@ -30,6 +30,7 @@ def clean_signals():
     yield preemption
     preemption._received[:] = [False] * len(preemption.SIGNALS)
     preemption._in_training = False
+    preemption._stopping = False
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
 
