@@ -16,11 +16,12 @@ import pytest
 
 from cli.launch import TRAIN_PY, clean_env, running_in
 from tests.cluster import recipes
+from tests.cluster.local_slurm import CRED_EXPIRE_S
 from tests.cluster.recipes import STEPS_PER_EPOCH, assert_same_weights, final_checkpoint, sbatch_script
 
 SEEDED = [*recipes.SEEDED, "--check_every_n_steps", "1"]  # a signal stops the run at the next step
 EPOCHS = 4
-JOB_TIMEOUT_S = 180
+JOB_TIMEOUT_S = 180 + CRED_EXPIRE_S  # a requeued job waits cred_expire + 1 s before it starts again
 FAILURE_BOUND_S = 60  # a failed task ends its whole step within this (issue 24; docs/running-on-clusters.md)
 
 
@@ -33,7 +34,7 @@ def job_info(slurm, job_id: str) -> Dict[str, str]:
 def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"),
              timeout_s: float = JOB_TIMEOUT_S) -> Dict[str, str]:
     """Poll until the job is in one of ``states``. A requeued job starts again after SLURM's own delay (BeginTime,
-    ``cred_expire`` + 1 s: 11 s on the tier's cluster); the tier never forces it with ``StartTime=now``, which can
+    ``cred_expire`` + 1 s: 11 s on the tier's cluster unless FASHION_MNIST_SLURM_CRED_EXPIRE says); the tier never forces it with ``StartTime=now``, which can
     start it within the second its old credential was revoked, and SLURM then ends it FAILED, exit 1."""
     deadline = time.monotonic() + timeout_s
     info: Dict[str, str] = {}
