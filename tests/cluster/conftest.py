@@ -1,12 +1,17 @@
 """The cluster tier (``make test-cluster``; ``make test`` runs it too): a real SLURM on this machine, and torchrun
 agents on 127.0.0.1. A machine without SLURM that cannot install it (not root, no apt-get) skips the SLURM tests
-with the reason; CI runs as root and installs slurm-wlm and munge from Debian's packages."""
+with the reason; CI runs as root, installs slurm-wlm and munge from Debian's packages, and sets
+``FASHION_MNIST_REQUIRE_SLURM=1`` (.ci/run), which turns that skip into a failure."""
 
+import os
 import socket
+from typing import Optional
 
 import pytest
 
 from tests.cluster.local_slurm import LocalSlurm, install_reason
+
+REQUIRE_SLURM = "FASHION_MNIST_REQUIRE_SLURM"  # "1": a SLURM tier that cannot start fails instead of skipping
 
 
 def hostname_reason():
@@ -26,12 +31,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.multiprocess)
 
 
+def skip_or_fail(reason: Optional[str]) -> None:
+    """Nothing when SLURM can run (``reason`` None); else skip with the reason, or fail under REQUIRE_SLURM=1."""
+    if reason and os.environ.get(REQUIRE_SLURM) == "1":
+        pytest.fail(f"{REQUIRE_SLURM}=1 but the SLURM tests cannot run: {reason}", pytrace=False)
+    if reason:
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     """munged, slurmctld and slurmd up for the session (tests/cluster/local_slurm.py), stopped after it."""
-    reason = install_reason() or hostname_reason()
-    if reason:
-        pytest.skip(reason)
+    skip_or_fail(install_reason() or hostname_reason())
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
     yield cluster
     cluster.stop()

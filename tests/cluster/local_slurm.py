@@ -118,6 +118,9 @@ class LocalSlurm:
     def _daemon(self, name: str, argv: List[str], pid_file: Path) -> None:
         """Start a daemon that forks into the background, then read its pid from its pid file."""
         result = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=60)
+        if result.returncode != 0:
+            raise RuntimeError(f"{name} did not start (exit {result.returncode}): {result.stderr.strip()}\n"
+                               f"{self.log_tail(name)}")
         deadline = time.monotonic() + 30
         while not pid_file.exists() or not pid_file.read_text().strip():
             if time.monotonic() > deadline:
@@ -127,23 +130,28 @@ class LocalSlurm:
         self.pids[name] = int(pid_file.read_text().split()[0])
 
     def start(self, timeout_s: float = 60) -> "LocalSlurm":
-        self._write_config()
-        munge = self.folder / "munge"
-        self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
-                                f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
-                                f"--log-file={self.folder / 'log' / 'munged.log'}",
-                                f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
-        self._daemon("slurmctld", ["slurmctld", "-i", "-f", str(self.conf)], self.folder / "slurmctld.pid")
-        self._daemon("slurmd", ["slurmd", "-f", str(self.conf)], self.folder / "slurmd.pid")
-        deadline = time.monotonic() + timeout_s
-        state = ""
-        while time.monotonic() < deadline:
-            state = self.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
-            if state in ("idle", "mixed", "allocated"):
-                return self
-            time.sleep(0.5)
-        raise RuntimeError(f"the SLURM node is {state!r}, not idle, {timeout_s:.0f} s after start:\n"
-                           f"{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}")
+        """Start the three daemons; if any fails to start, stop what did start (:meth:`stop`), then raise."""
+        try:
+            self._write_config()
+            munge = self.folder / "munge"
+            self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
+                                    f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
+                                    f"--log-file={self.folder / 'log' / 'munged.log'}",
+                                    f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
+            self._daemon("slurmctld", ["slurmctld", "-i", "-f", str(self.conf)], self.folder / "slurmctld.pid")
+            self._daemon("slurmd", ["slurmd", "-f", str(self.conf)], self.folder / "slurmd.pid")
+            deadline = time.monotonic() + timeout_s
+            state = ""
+            while time.monotonic() < deadline:
+                state = self.run("sinfo", "-h", "-N", "-o", "%T").stdout.strip()
+                if state in ("idle", "mixed", "allocated"):
+                    return self
+                time.sleep(0.5)
+            raise RuntimeError(f"the SLURM node is {state!r}, not idle, {timeout_s:.0f} s after start:\n"
+                               f"{self.log_tail('slurmctld')}\n{self.log_tail('slurmd')}")
+        except BaseException:
+            self.stop()
+            raise
 
     def run(self, *argv: str, timeout: float = 60, env: Optional[Dict[str, str]] = None,
             cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
@@ -158,7 +166,8 @@ class LocalSlurm:
 
     def stop(self) -> None:
         """Cancel every job and wait (up to 60 s) until none is left, then stop slurmd, slurmctld and munged by pid
-        (SIGKILL after 10 s)."""
+        (SIGKILL after 10 s), then SIGKILL every process still running with this cluster's ``SLURM_CONF`` (a job's
+        tasks and slurmstepd outlive their daemons, a daemon whose pid file never appeared)."""
         if "slurmctld" in self.pids:
             try:
                 self.run("scancel", "--full", "--user", "root", timeout=10)
@@ -180,7 +189,26 @@ class LocalSlurm:
                 time.sleep(0.1)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        for pid in self.leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
+    def leftovers(self) -> List[int]:
+        """Processes other than this one whose environment names this cluster's configuration: every daemon, job
+        script, task and slurmstepd it started inherits ``SLURM_CONF`` from :meth:`env`."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0") and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
 
 def _alive(pid: int) -> bool:
     try:
