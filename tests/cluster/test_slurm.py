@@ -34,8 +34,9 @@ def job_info(slurm, job_id: str) -> Dict[str, str]:
 def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"),
              timeout_s: float = JOB_TIMEOUT_S) -> Dict[str, str]:
     """Poll until the job is in one of ``states``. A requeued job starts again after SLURM's own delay (BeginTime,
-    ``cred_expire`` + 1 s: 11 s on the tier's cluster unless FASHION_MNIST_SLURM_CRED_EXPIRE says); the tier never forces it with ``StartTime=now``, which can
-    start it within the second its old credential was revoked, and SLURM then ends it FAILED, exit 1."""
+    ``cred_expire`` + 1 s: 11 s on the tier's cluster unless FASHION_MNIST_SLURM_CRED_EXPIRE says); the tier never
+    forces it with ``StartTime=now``, which can start it within the second its old credential was revoked, and SLURM
+    then ends it FAILED, exit 1."""
     deadline = time.monotonic() + timeout_s
     info: Dict[str, str] = {}
     while time.monotonic() < deadline:
@@ -161,11 +162,14 @@ def test_a_task_layout_the_trainer_cannot_use_ends_with_one_line_and_exit_2(slur
 def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(slurm, tmp_path, rank_1):
     """Rank 0 finds no data (exit 65) while rank 1 waits to join its process group: without the failed task's
     SIGUSR2 to its step, rank 1 waited 2 x 300 s (the collective timeout, retried once). ``importing``: rank 1 is
-    still importing Lightning when the signal comes (tests/cluster/slow_import): before train.py listened from its
-    first lines, it died by the signal and srun returned 140."""
+    still importing Lightning when the signal comes (tests/cluster/slow_import, which records that): before
+    train.py listened from its first lines, it died by the signal and srun returned 140."""
     args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp", "--epochs", "1",
             "--data_dir", str(tmp_path / "no-data")]
-    env = {"PYTHONPATH": str(Path(__file__).parent / "slow_import")} if rank_1 == "importing" else {}
+    record = tmp_path / "record"
+    record.mkdir()
+    env = ({"PYTHONPATH": str(Path(__file__).parent / "slow_import"), "SLOW_IMPORT_RECORD": str(record)}
+           if rank_1 == "importing" else {})
     started = time.time()
     result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args, **env)
     seconds = ended - started
@@ -174,7 +178,10 @@ def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(s
     assert result.returncode == 65, f"exit {result.returncode}:\n{result.stderr[-3000:]}\n{result.stdout[-2000:]}"
     assert seconds < FAILURE_BOUND_S
     assert re.search(r"^train\.py: error: Fashion-MNIST not found", result.stderr, flags=re.M), result.stderr
-    if rank_1 == "waiting":  # a task still importing ends without a line of its own
+    if rank_1 == "importing":  # the signal came while rank 1 was importing (30 s): it ended there, without a line
+        assert (record / "importing").exists() and not (record / "imported").exists()
+        assert "rank 1: stopped because" not in result.stderr, result.stderr
+    else:
         assert re.search(r"^train\.py: rank 1: stopped because another task of SLURM step \d+\.\d+ failed",
                          result.stderr, flags=re.M), result.stderr
     assert "Traceback" not in result.stderr
