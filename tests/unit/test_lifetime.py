@@ -2,6 +2,7 @@
 fault of the job recognised by its message, and nothing else; what a torchrun worker reads from its variables;
 which srun step a failing task signals (the signal itself: tests/cluster/test_slurm.py)."""
 
+import signal
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from runtime.faults import describe_fault
 from runtime.lifetime import (
     DEFAULT_TIMEOUT_S,
     DISABLE_SHARED_STORE,
+    PEER_FAILED,
     TIMEOUT_ENV,
     attempt,
     collective_timeout,
@@ -90,3 +92,21 @@ def test_only_a_task_of_a_several_task_srun_step_has_a_step_to_signal(monkeypatc
     assert srun_step({}) is None
     monkeypatch.setenv("PATH", "/nonexistent")  # outside srun scancel is never run; under srun, a missing one is fine
     assert end_peer_tasks({}) is None
+
+
+def test_under_srun_a_failing_task_signals_its_step_and_a_missing_scancel_is_no_error(monkeypatch, tmp_path):
+    task = {"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}
+    previous = signal.getsignal(PEER_FAILED)
+    try:
+        calls = tmp_path / "calls"
+        scancel = tmp_path / "scancel"
+        scancel.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+        scancel.chmod(0o755)
+        monkeypatch.setenv("PATH", str(tmp_path))
+        assert end_peer_tasks(task) == "41.0"
+        assert calls.read_text().splitlines() == ["--quiet --signal=USR2 41.0"]
+        assert signal.getsignal(PEER_FAILED) is signal.SIG_IGN  # the failing task does not end itself by it
+        monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))  # scancel missing under srun: None, no error
+        assert end_peer_tasks(task) is None
+    finally:
+        signal.signal(PEER_FAILED, previous)
