@@ -1,9 +1,13 @@
 """``--strategy fsdp`` (FSDP2) on CPU processes over gloo: really sharded, the same training as ddp, portable
 checkpoints (the layer-wise optimizers: tests/test_fsdp_optimizers.py)."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from cli.launch import REPO, free_port
 from tests.conftest import run_train, experiment_dir
 from tests.test_equivalence import DDP2, MOMENTUM
 
@@ -98,16 +102,33 @@ def test_a_crafted_checkpoint_is_refused_under_fsdp_and_never_runs(tmp_path, fas
     assert "Traceback" not in result.stderr and not ran.exists()
 
 
-def test_fsdp_strategy_loads_checkpoints_without_code(monkeypatch):
-    """Lightning's ModelParallelStrategy.load_checkpoint calls torch.load itself: ours always asks weights_only."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
+LOAD_IN_A_GROUP_OF_ONE = """
+import sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from lightning.pytorch import LightningModule
+from strategies.fsdp import FullyShardedStrategy
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+module = LightningModule()
+module.layer = fully_shard(torch.nn.Linear(2, 2))
+strategy = FullyShardedStrategy()
+strategy._lightning_module = strategy._model = module
+try:
+    strategy.load_checkpoint(sys.argv[1], weights_only=False)  # what a caller may ask: ignored
+    print("loaded")
+except Exception as error:
+    print(type(error).__name__)
+dist.destroy_process_group()
+"""
 
-    from strategies.fsdp import FullyShardedStrategy
 
-    asked = []
-    monkeypatch.setattr(ModelParallelStrategy, "load_checkpoint", lambda self, path, weights_only=None: asked.append(
-        weights_only) or {})
-    strategy = FullyShardedStrategy.__new__(FullyShardedStrategy)
-    strategy.load_checkpoint("x.ckpt")
-    strategy.load_checkpoint("x.ckpt", weights_only=False)
-    assert asked == [True, True]
+def test_fsdp_strategy_loads_a_crafted_checkpoint_without_running_its_code(tmp_path):
+    """Lightning's ModelParallelStrategy.load_checkpoint calls torch.load itself: ours always loads weights_only,
+    whatever the caller asks. Here on a real FSDP2 module in a process group of one."""
+    from tests.unit.test_checkpoint_io import crafted
+
+    ran = tmp_path / "payload-ran"
+    path = crafted(tmp_path / "crafted.ckpt", ran)
+    result = subprocess.run([sys.executable, "-c", LOAD_IN_A_GROUP_OF_ONE, str(path), str(free_port())], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "UnpicklingError", result.stdout + result.stderr[-3000:]
+    assert not ran.exists()

@@ -95,7 +95,7 @@ def crafted(path: Path, ran: Path) -> Path:
     return path  # with a matching sha256 sidecar: the checksum says nothing about what the file holds
 
 
-@pytest.mark.parametrize("subcommand", ["fit", "test"])
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test", "predict"])
 def test_a_checkpoint_that_would_run_code_is_refused_with_one_line_and_exit_66(capsys, workdir, fashion_root,
                                                                                 subcommand):
     ran = workdir / "payload-ran"
@@ -119,12 +119,14 @@ def test_ckpt_path_last_never_runs_a_crafted_last_checkpoint(capsys, workdir, fa
 def test_ckpt_path_hpc_never_runs_a_crafted_hpc_checkpoint(capsys, workdir, fashion_root):
     """``hpc`` is resolved to default_root_dir's newest hpc_ckpt_N.ckpt before launch and checked like a file."""
     ran = workdir / "payload-ran"
-    crafted(workdir / "runs" / "hpc_ckpt_1.ckpt", ran)
-    crafted(workdir / "runs" / "hpc_ckpt_12.ckpt", ran)
+    crafted(workdir / "runs" / "hpc_ckpt_10.ckpt", ran)
+    crafted(workdir / "runs" / "hpc_ckpt_9.ckpt", ran)  # written last, and "9" > "10" as names: only N picks 10
+    newer = time.time() + 60
+    os.utime(workdir / "runs" / "hpc_ckpt_9.ckpt", (newer, newer))
     code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", "hpc"])
     err = capsys.readouterr().err
     assert code == 66 and err.count("\n") == 1 and "could run code when loaded" in err, err
-    assert str(workdir / "runs" / "hpc_ckpt_12.ckpt") in err, err
+    assert str(workdir / "runs" / "hpc_ckpt_10.ckpt") in err, err
     assert not ran.exists()
 
 
