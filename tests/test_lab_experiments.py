@@ -2,9 +2,11 @@
 one-epoch budget: the table's rows, columns and verdicts, and the files written."""
 
 import csv
+import statistics
 
 import pytest
 
+from callbacks.run_record import read_epochs
 from experiments import devices, takeaways
 from experiments.runner import Budget, RunSpec, run, verdicts
 from tests.conftest import experiment_dir
@@ -43,7 +45,13 @@ def test_takeaways_runs_the_workshop_rows_as_torchrun_nodes_and_writes_table_csv
     assert all(0 < float(r["best_val_acc"]) <= 1 and float(r["images_per_sec"]) > 0 for r in runs)
     assert "torch.distributed.run" in (out / "runs" / "sgd_s7" / "command.txt").read_text()
     assert (out / "takeaways.png").stat().st_size > 10_000
-    assert (experiment_dir(out / "runs" / "sgd_s7") / "version_0" / "metrics.csv").is_file()  # what the table read
+    # What the table read: each run's metrics.csv holds its 2 epochs, and the table's figures are theirs
+    for row in runs:
+        epochs = read_epochs(experiment_dir(out / "runs" / row["run"]) / "version_0")
+        assert [e.epoch for e in epochs] == [1, 2] and all(e.cumulative_s > 0 for e in epochs), epochs
+        assert float(row["final_val_acc"]) == pytest.approx(epochs[-1].val_acc)
+        assert float(row["best_val_acc"]) == pytest.approx(max(e.val_acc for e in epochs))
+        assert float(row["images_per_sec"]) == pytest.approx(statistics.median(e.images_per_sec for e in epochs))
 
 
 def test_a_run_that_blows_up_is_diverged(fashion_root, tmp_path):

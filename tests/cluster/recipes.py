@@ -60,6 +60,8 @@ def torchrun_recipe(marker: str, nproc_per_node: int, endpoint: str, extra: Sequ
               "--devices": str(nproc_per_node), "--rdzv-endpoint": endpoint, "--master_addr": host,
               "--master_port": port,
               **{f"--{form}": value for flag, value in replace.items() for form in (flag, flag.replace("_", "-"))}}
+    for flag in replace:  # a flag the document's line no longer has fails here, not silently
+        assert {f"--{flag}", f"--{flag.replace('_', '-')}"} & set(argv), f"{DOC.name}: no --{flag} in: {lines[0]}"
     argv = [argv[0], *(values.get(flag, word) for flag, word in zip(argv, argv[1:]))]
     assert "train.py" in argv, lines[0]
     argv[argv.index("train.py")] = str(TRAIN_PY)

@@ -129,3 +129,10 @@ def test_without_restarts_a_lost_worker_ends_both_agents_with_one_line(fashion_r
     assert re.search(r"exitcode\s*:\s*-9\b.*SIGKILL", jobs[1].stderr), tails(jobs)  # the killed worker
     lines = [line for line in jobs[0].stderr.splitlines() if line.startswith("train.py:")]
     assert len(lines) == 1 and re.search(r"rank 0 lost its connection to another rank", lines[0]), tails(jobs)
+
+
+def test_a_flag_the_documents_line_no_longer_has_fails_the_recipe_instead_of_being_ignored():
+    _, argv = torchrun_recipe(MULTI_NODE, 1, "127.0.0.1:1234", [], max_restarts="0", ckpt_path="null")
+    assert argv[argv.index("--max-restarts") + 1] == "0" and argv[argv.index("--ckpt_path") + 1] == "null"
+    with pytest.raises(AssertionError, match="no --node_rank in"):
+        torchrun_recipe(MULTI_NODE, 1, "127.0.0.1:1234", [], node_rank="1")
