@@ -113,7 +113,12 @@ BAD_VALUES = [
     (["--trainer.val_check_interval", "0"], "trainer.val_check_interval is 0: give a whole number of batches >= 1"),
     (["--trainer.val_check_interval", "1.5"], "trainer.val_check_interval is 1.5: a fraction of the epoch must be in"),
     (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val is -1"),
-    (["--data.train_subset", "100000000"], "--data.train_subset 100000000 is more than the "),
+    (["--data.train_subset", "100000000"], "--data.train_subset 100000000 is more than the 256 training images: "
+                                           "give at most 256, or leave it unset to train on all (see python"),
+    (["--data.train_subset", "257"], "--data.train_subset 257 is more than the 256 training images: give at most 256,"),
+    (["--data.train_subset", "193", "--data.val_size", "64"],
+     "--data.train_subset 193 is more than the 192 training images after --data.val_size 64 held out: give at most "
+     "192, or leave it unset"),
     (["--epochs", "-5"], "trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got -5"),
     (["--batch_size", "-3"], "data.batch_size"),
     (["--lr", "0"], "--lr must be a number > 0"),

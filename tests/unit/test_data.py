@@ -154,3 +154,24 @@ def test_the_test_after_fit_uses_the_last_epoch_when_validation_is_the_test_spli
     assert "train.py: testing the last epoch's weights: validation used the test split" in capsys.readouterr().out
     assert main([*args, "--data.val_size", "50"]) == 0
     assert "testing the last epoch" not in capsys.readouterr().out  # the best by val/acc on held-out images
+
+
+@pytest.mark.parametrize("subset, val_size, refused", [(256, 0, False), (257, 0, True), (192, 64, False),
+                                                      (193, 64, True)])
+def test_train_subset_accepts_every_training_image_left_and_not_one_more(fashion_root, subset, val_size, refused):
+    """The tiny data has 256 training images; --data.val_size holds some out first. The pre-launch check and the
+    data module's own setup draw the line at the same count."""
+    from cli.checks import check_train_subset
+    from runtime.errors import ConfigError
+
+    config = SimpleNamespace(data_dir=str(fashion_root), train_subset=subset, val_size=val_size)
+    dm = FashionMNISTDataModule(data_dir=str(fashion_root), download=False, train_subset=subset, val_size=val_size)
+    message = rf"--data.train_subset {subset} is more than the {256 - val_size} training images"
+    for check in (lambda: check_train_subset(config), lambda: dm.setup("fit")):
+        if refused:
+            with pytest.raises(ConfigError, match=message):
+                check()
+        else:
+            check()
+    if not refused:
+        assert len(dm.train_set) == subset
