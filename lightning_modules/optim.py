@@ -3,6 +3,7 @@ learning-rate scaling rule, warm-up and schedules, the weight-decay groups, grad
 optimizer given by class path can run."""
 
 import hashlib
+import inspect
 import math
 from typing import Callable, Dict, Iterable, List, Literal, Optional
 
@@ -61,14 +62,32 @@ def param_groups(model: nn.Module) -> List[Dict]:
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 
 
+WORKING_OPTIMIZERS = "torch.optim.SGD, torch.optim.AdamW, torch.optim.RAdam or the shorthands (docs/cli.md)"
+
+
 def check_optimizer(factory: OptimizerFactory) -> torch.optim.Optimizer:
-    """Build the optimizer over one throw-away parameter, so that a value it refuses (a negative lr, nesterov without
-    momentum...) or one that cannot train (a learning rate or momentum that is not finite, momentum >= 1) fails at
-    start-up in one line, whatever the optimizer. Returns that optimizer; raises ValueError."""
+    """Build the optimizer over throw-away parameters, so that a value it refuses (a negative lr, nesterov without
+    momentum...), one that cannot train (a learning rate or momentum that is not finite, momentum >= 1), or an
+    optimizer this module cannot drive (one that refuses the weight-decay parameter groups, or whose ``step`` needs
+    a closure: one forward and backward per step is the data-parallel step) fails at start-up in one line, whatever
+    the optimizer. Returns that optimizer; raises ValueError."""
     try:
         optimizer = factory([nn.Parameter(torch.zeros(1))])
     except (ValueError, TypeError, RuntimeError) as error:
         raise ValueError(f"model.optimizer cannot be built: {' '.join(str(error).split())}") from error
+    name = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
+    try:
+        factory([{"params": [nn.Parameter(torch.zeros(1))]}, {"params": [nn.Parameter(torch.zeros(1))],
+                                                              "weight_decay": 0.0}])
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise ValueError(f"model.optimizer {name} refuses parameter groups ({' '.join(str(error).split())}), which "
+                         f"the classifier needs (no weight decay on biases and norm weights): use one that takes "
+                         f"them, e.g. {WORKING_OPTIMIZERS}") from error
+    closure = inspect.signature(optimizer.step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ValueError(f"model.optimizer {name} needs a closure in every step (it evaluates the loss several "
+                         f"times), but a data-parallel step here is one forward and one backward: use one that "
+                         f"steps without, e.g. {WORKING_OPTIMIZERS}")
     settings = optimizer.defaults
     if not isinstance(settings.get("lr"), (int, float)) or not settings["lr"] > 0:
         raise ValueError(f"model.optimizer needs a learning rate > 0 (lr), got {settings.get('lr')!r}")

@@ -98,3 +98,53 @@ def test_a_checkpoint_never_makes_a_run_import_a_module_it_names(workdir, fashio
                        env={"PYTHONPATH": os.pathsep.join([str(evil)])})
     assert result.returncode == 66 and "side_effect.Net" in result.stderr, result.stderr[-2000:]
     assert not marker.exists() and "Traceback" not in result.stderr
+
+
+CONTRACT_BREAKERS = '''
+import torch
+from torch import nn
+
+
+class FiveWay(nn.Module):
+    """Returns 5 logits, not 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(784, 5)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+
+class NeedsClosure(torch.optim.SGD):
+    """An optimizer whose step must evaluate the loss itself."""
+
+    def step(self, closure):
+        return super().step(closure)
+'''
+CONTRACT = "a network must take [B, 1, 28, 28] images and return [B, 10] logits"
+
+
+@pytest.mark.multiprocess  # the fsdp case names 2 devices; the check ends it before any rank starts
+@pytest.mark.parametrize("args, expected", [
+    (["--model.network", "breakers.FiveWay"],
+     f"model.network breakers.FiveWay returned [2, 5] for a batch of [2, 1, 28, 28] images: {CONTRACT}"),
+    (["--model.network", "breakers.FiveWay", "--strategy", "fsdp", "--devices", "2", "--accelerator", "cpu"],
+     f"model.network breakers.FiveWay returned [2, 5] for a batch of [2, 1, 28, 28] images: {CONTRACT}"),
+    (["--model.network", "torchvision.models.resnet18"],
+     "model.network torchvision.models.resnet.ResNet cannot take a batch of [2, 1, 28, 28] images (RuntimeError: "
+     "Given groups=1, weight of size [64, 3, 7, 7], expected input[2, 1, 28, 28] to have 3 channels"),
+    (["--optimizer", "torch.optim.LBFGS"],
+     "model.optimizer torch.optim.lbfgs.LBFGS refuses parameter groups (LBFGS doesn't support per-parameter options "
+     "(parameter groups)), which the classifier needs (no weight decay on biases and norm weights): use one that "
+     "takes them, e.g. torch.optim.SGD, torch.optim.AdamW, torch.optim.RAdam"),
+    (["--optimizer", "breakers.NeedsClosure", "--model.optimizer.init_args.lr", "0.1"],
+     "model.optimizer breakers.NeedsClosure needs a closure in every step"),
+], ids=["wrong-output", "wrong-output-fsdp-2-ranks", "three-channel-network", "lbfgs", "needs-a-closure"])
+def test_a_network_or_optimizer_that_breaks_the_contract_ends_in_one_line(workdir, fashion_root, args, expected):
+    (workdir / "breakers.py").write_text(CONTRACT_BREAKERS)
+    result = run_train(["--data_dir", str(fashion_root), *TINY, *args], cwd=workdir,
+                       env={"PYTHONPATH": str(workdir)})
+    lines = [line for line in result.stderr.splitlines() if line.startswith("train.py:")]
+    assert result.returncode == 2 and len(lines) == 1 and expected in lines[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and not (workdir / "runs").exists()
