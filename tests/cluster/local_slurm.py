@@ -189,11 +189,15 @@ class LocalSlurm:
                 time.sleep(0.1)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        for pid in self.leftovers():
+        left = self.leftovers()
+        for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def leftovers(self) -> List[int]:
         """Processes other than this one whose environment names this cluster's configuration: every daemon, job

@@ -56,13 +56,14 @@ def test_a_start_that_fails_half_way_stops_the_daemons_it_started(slurm_programs
 
 
 def test_stop_kills_a_job_process_that_outlives_the_jobs_cancellation(slurm_programs, tmp_path):
-    """A job that leaves a process outside its step (``setsid``: SLURM's proctrack/linuxproc loses it, and
+    """A job that leaves a process outside its step (a double fork: SLURM's proctrack/linuxproc loses it, and
     scancel does not reach it) must not outlive the cluster."""
     cluster = LocalSlurm(tmp_path / "slurm").start()
     pid_file = tmp_path / "escaped.pid"
     try:
         script = tmp_path / "escape.sbatch"
-        script.write_text(f"#!/bin/bash\nsetsid sleep 600 < /dev/null > /dev/null 2>&1 &\necho $! > {pid_file}\n"
+        # a double fork: the sleep's parent exits at once, so it is no descendant of the job's slurmstepd
+        script.write_text(f"#!/bin/bash\n(setsid sleep 600 < /dev/null > /dev/null 2>&1 & echo $! > {pid_file})\n"
                           "sleep 600\n")
         result = cluster.run("sbatch", "--parsable", "--chdir", str(tmp_path), "--output", "/dev/null", str(script))
         assert result.returncode == 0, result.stderr
