@@ -27,7 +27,9 @@ train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds fla
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)  ## set up, then run the whole test suite (CPU; the cluster tier may apt-get SLURM): the CI command
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not alone" $(PYTEST_ARGS)
+	@# the timing proofs (tests/test_step_time.py) one at a time, with no other test on the cores (5: none selected)
+	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-unit: $(STAMP)  ## the unit tier only (tests/unit: no subprocess, no process group; under a minute): while editing
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit $(PYTEST_ARGS)

@@ -1,6 +1,8 @@
 """Images/sec and cumulative training time per epoch over all ranks, validation excluded: all ranks' images over the
-slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0)."""
+slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0); and where each rank's
+step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather."""
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
@@ -8,8 +10,12 @@ from typing import Callable, List, Optional
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
+from callbacks import step_time
 from callbacks.run_record import EpochRecord
+from runtime import compat
 
 
 @dataclass
@@ -126,7 +132,10 @@ class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
-    def __init__(self) -> None:
+    def __init__(self, breakdown: bool = True) -> None:
+        """``breakdown``: the per-rank step-time breakdown (CPU ranks; on CUDA it is not measured yet)."""
+        self.breakdown = breakdown
+        self.timer: Optional[step_time.StepTimer] = None  # set at train start when the breakdown runs
         self.clock = EpochClock()
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
@@ -137,12 +146,37 @@ class ThroughputReport(Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
 
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.breakdown or trainer.strategy.root_device.type != "cpu":
+            return
+        self.timer = step_time.StepTimer()
+        model = trainer.strategy.model
+        if isinstance(model, DistributedDataParallel):  # Lightning registers a comm hook on CUDA only
+            state, hook = compat.ddp_comm_hook(trainer.strategy)
+            model.register_comm_hook(state, self.timer.wrap(hook or default_hooks.allreduce_hook))
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
         self.clock.start_epoch()
+        if self.timer is not None:
+            self.timer.start_epoch()
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         self.clock.start_batch()
+        if self.timer is not None:
+            self.timer.batch_start()
+
+    def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:
+        if self.timer is not None:
+            self.timer.before_backward()
+
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.timer is not None:
+            self.timer.after_backward()
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        if self.timer is not None:
+            self.timer.before_optimizer()
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         if self.first_step_s is None:
@@ -153,6 +187,8 @@ class ThroughputReport(Callback):
                 print(f"First training step: {self.first_step_s:.1f} s (includes torch.compile)", flush=True)
         else:
             self.clock.end_batch(len(batch[1]))
+        if self.timer is not None:
+            self.timer.batch_end()
 
     # Inside fit, validation runs with trainer.training False, so no stage check here: the clock
     # ignores a pause outside a training epoch (sanity check, the validate subcommand).
@@ -163,18 +199,24 @@ class ThroughputReport(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
         self.clock.resume()
+        if self.timer is not None:
+            self.timer.resume_after_pause()
         self._validated = self._validated or (trainer.state.fn == "fit" and not trainer.sanity_checking)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
         self._sync(trainer)
         mine = self.clock.end_epoch()
-        local = torch.tensor([mine.images, mine.seconds, mine.data_wait_s, mine.compute_s], dtype=torch.float64)
-        rows = trainer.strategy.all_gather(local.to(trainer.strategy.root_device)).reshape(-1, 4).tolist()
+        steps = self.timer.take_epoch() if self.timer is not None else None
+        local = [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s]
+        if steps is not None:
+            local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans)]
+        rows = self._gather(trainer, local)
         result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
         self.cumulative_s += result.epoch_s
-        log_to_loggers(trainer, {
+        breakdown = self._breakdown(trainer, rows, steps) if steps is not None else None
+        log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
             "epoch": trainer.current_epoch,
             "throughput/images_per_sec": result.images_per_sec,
             "throughput/images_per_sec_per_device": result.images_per_sec_per_device,
@@ -189,10 +231,33 @@ class ThroughputReport(Callback):
                                              logged.get("val/loss"), logged.get("val/acc")))
         if trainer.is_global_zero:
             bar = trainer.progress_bar_callback
-            if bar is not None and bar.is_enabled:
-                bar.print(line)  # through the bar, so it is not broken
-            else:
-                print(line, flush=True)
+            for text in [line] + ([step_time.format_line(breakdown)] if breakdown is not None else []):
+                if bar is not None and bar.is_enabled:
+                    bar.print(text)  # through the bar, so it is not broken
+                else:
+                    print(text, flush=True)
+
+    @staticmethod
+    def _gather(trainer: Trainer, values: List[float]) -> List[List[float]]:
+        """Every rank's ``values`` (the same length on each), one row per rank: one collective."""
+        local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+        return trainer.strategy.all_gather(local).reshape(-1, len(values)).tolist()
+
+    def _breakdown(self, trainer: Trainer, rows: List[List[float]], mine: step_time.RankEpoch):
+        """The ranks' step-time parts from the gathered rows, with each rank's per-step marks (a second collective,
+        once per epoch) to split comm from wait."""
+        epochs = []
+        for row in rows:
+            epoch = step_time.RankEpoch(dict(zip(step_time.PARTS, row[4:11])), overlapped_s=row[11],
+                                        gradient_bytes=int(row[12]), buckets=int(row[13]))
+            epochs.append(epoch)
+        synced = int(max(row[14] for row in rows))
+        if synced and len(rows) > 1:
+            pad = [math.nan] * (synced - len(mine.spans))
+            marks = self._gather(trainer, mine.arrivals + pad + mine.spans + pad)
+            for epoch, row in zip(epochs, marks):
+                epoch.arrivals, epoch.spans = row[:synced], row[synced:]
+        return step_time.combine(epochs, same_clock=trainer.num_nodes == 1)
 
     def state_dict(self) -> dict:
         return {"cumulative_s": self.cumulative_s}

@@ -63,6 +63,17 @@ def write_tensorboard_summaries(logger: TensorBoardLogger, summaries) -> None:
         writer.add_summary(summary)
 
 
+def ddp_comm_hook(strategy) -> tuple:
+    """The DDP communication hook and its state the run's strategy was given (None, None: DDP's own allreduce).
+    Lightning registers it on CUDA only; callbacks/throughput.py wraps it to time the buckets, on CPU too."""
+    return getattr(strategy, "_ddp_comm_state", None), getattr(strategy, "_ddp_comm_hook", None)
+
+
+def set_ddp_comm_hook(strategy, hook, state=None) -> None:
+    """Give the strategy a DDP communication hook, as ``DDPStrategy(ddp_comm_hook=...)`` does (tests inject one)."""
+    strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state
+
+
 def launched_children(trainer: Trainer) -> List[Any]:
     """The rank processes Lightning's launcher started from this process (none in a rank it started)."""
     procs = getattr(trainer.strategy.launcher, "procs", None) if trainer.strategy.launcher is not None else None
@@ -98,7 +109,7 @@ def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
 def _required() -> List[tuple]:
     """(owner, attribute) pairs this module and the strategies' overridden hooks rely on."""
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-    from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning.fabric.plugins.environments import LightningEnvironment
     from torch.utils.tensorboard import SummaryWriter
@@ -113,6 +124,7 @@ def _required() -> List[tuple]:
         (trainer.fit_loop, "_data_fetcher"), (hparams_mixin, "_given_hyperparameters"),
         (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
+        (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"),
         (ModelParallelStrategy(), "_tensor_parallel_size"),
         # A hook strategies/ overrides: dp's one-process launcher check.
         (ParallelStrategy, "_configure_launcher"),

@@ -432,3 +432,62 @@ class SigtermAt(Callback):
         for pid_file in sorted(self.record.glob("pid*")):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
         time.sleep(0.5)
+
+
+class SlowRank(Callback):
+    """Global rank ``rank`` spends ``seconds`` more in every training step, before its backward (as a slower device
+    would): the other ranks wait for it in the gradient all-reduce."""
+
+    def __init__(self, rank: int = 1, seconds: float = 0.1) -> None:
+        self.rank, self.seconds = rank, seconds
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if trainer.global_rank == self.rank:
+            time.sleep(self.seconds)
+
+
+class SlowData(Callback):
+    """Global rank ``rank``'s training loader takes ``seconds`` more per batch (its dataset's batch fetch sleeps)."""
+
+    def __init__(self, rank: int = 1, seconds: float = 0.1) -> None:
+        self.rank, self.seconds = rank, seconds
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.global_rank != self.rank:
+            return
+        dataset, seconds = trainer.datamodule.train_set, self.seconds
+        fetch = dataset.__getitems__
+
+        def slow_fetch(indices):
+            time.sleep(seconds)
+            return fetch(indices)
+
+        dataset.__getitems__ = slow_fetch
+
+
+class SlowAllReduce(Callback):
+    """Every gradient all-reduce takes ``seconds`` more: the strategy's DDP communication hook is DDP's allreduce
+    whose future's callback sleeps on the first bucket, as a slow link would (callbacks/throughput.py wraps it)."""
+
+    def __init__(self, seconds: float = 0.1) -> None:
+        self.seconds = seconds
+
+    def setup(self, trainer, pl_module, stage):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        from runtime import compat
+
+        seconds = self.seconds
+
+        def slow_allreduce(state, bucket):
+            future = default_hooks.allreduce_hook(state, bucket)
+            if bucket.index() != 0:
+                return future
+
+            def sleep_then(done):
+                time.sleep(seconds)
+                return done.value()
+
+            return future.then(sleep_then)
+
+        compat.set_ddp_comm_hook(trainer.strategy, slow_allreduce)

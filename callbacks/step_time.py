@@ -1,0 +1,219 @@
+"""Where a data-parallel step's time goes, per rank: ``data`` (waiting for the batch), ``forward``, ``backward`` (up to
+this rank's last gradient), ``comm`` (gradient all-reduce not hidden behind backward), ``wait`` (for the slowest
+rank), ``optimizer``, and ``other`` (what no part claims). The parts add up to the rank's training time.
+
+The clock is the host's monotonic one, shared by every process on a host, read at Lightning's hooks and in a DDP
+communication hook that wraps the run's own (or DDP's allreduce), never replacing it. After a rank's last gradient
+is ready (``arrival``: the last bucket reaches the hook) its backward returns once the all-reduce is done: that span
+is wait + transfer. On one host, wait = the latest rank's arrival − this rank's arrival, per step; across hosts the
+transfer is estimated as the shortest rank's span (an estimate, said so in the record). The ranks' per-step marks
+travel once per epoch, in the epoch-end gather the throughput report makes anyway: no collective per step.
+ThroughputReport owns it (one record); docs/reporting.md lists what it writes.
+"""
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
+
+PARTS = ("data", "forward", "backward", "comm", "wait", "optimizer", "other")
+NAN = float("nan")
+
+
+@dataclass
+class StepMarks:
+    """One training batch on one rank, in monotonic seconds (NaN: the hook did not run for this batch)."""
+
+    data_s: float
+    start: float
+    before_backward: float = NAN
+    first_launch: float = NAN  # the first bucket reached the comm hook
+    arrival: float = NAN  # the last bucket reached it: this rank's last gradient is ready
+    after_backward: float = NAN
+    before_optimizer: float = NAN
+    end: float = NAN
+    buckets: int = 0
+    gradient_bytes: int = 0
+
+
+@dataclass
+class RankEpoch:
+    """One rank's epoch: seconds per part before the ranks' exchange (``comm_wait`` not yet split), and per synced
+    step its arrival and the span from it to the end of backward."""
+
+    parts: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(PARTS, 0.0))
+    arrivals: List[float] = field(default_factory=list)
+    spans: List[float] = field(default_factory=list)  # after_backward - arrival: wait + transfer
+    overlapped_s: float = 0.0  # communication under way while backward still ran (first launch -> arrival)
+    gradient_bytes: int = 0  # per synced step
+    buckets: int = 0
+
+    @property
+    def wall(self) -> float:
+        return sum(self.parts.values())
+
+
+def _span(end: float, start: float) -> float:
+    return end - start if math.isfinite(end) and math.isfinite(start) else 0.0
+
+
+def summarise(marks: Sequence[StepMarks]) -> RankEpoch:
+    """A rank's epoch from its batches' marks. ``comm`` holds wait + transfer until :func:`split_wait`."""
+    epoch = RankEpoch()
+    for m in marks:
+        p = epoch.parts
+        p["data"] += m.data_s
+        backward_end = m.arrival if math.isfinite(m.arrival) else m.after_backward
+        p["forward"] += _span(m.before_backward, m.start)
+        p["backward"] += _span(backward_end, m.before_backward)
+        p["comm"] += _span(m.after_backward, backward_end)
+        p["optimizer"] += _span(m.end, m.before_optimizer)
+        claimed = sum(_span(*pair) for pair in ((m.before_backward, m.start), (backward_end, m.before_backward),
+                                                (m.after_backward, backward_end), (m.end, m.before_optimizer)))
+        p["other"] += max(0.0, _span(m.end, m.start) - claimed)
+        if math.isfinite(m.arrival):
+            epoch.arrivals.append(m.arrival)
+            epoch.spans.append(_span(m.after_backward, m.arrival))
+            epoch.overlapped_s += _span(m.arrival, m.first_launch)
+            epoch.gradient_bytes, epoch.buckets = m.gradient_bytes, m.buckets
+    return epoch
+
+
+def split_wait(arrivals: Sequence[Sequence[float]], spans: Sequence[Sequence[float]],
+               same_clock: bool) -> List[float]:
+    """Each rank's wait over the epoch's synced steps. ``same_clock`` (one host): the latest rank's arrival − this
+    rank's, at most its span; otherwise the span less the shortest rank's (the transfer, estimated)."""
+    waits = [0.0] * len(arrivals)
+    for step in range(min((len(a) for a in arrivals), default=0)):
+        if any(math.isnan(a[step]) or math.isnan(s[step]) for a, s in zip(arrivals, spans)):
+            continue  # a rank synced fewer steps (padding): not comparable
+        latest = max(a[step] for a in arrivals)
+        shortest = min(s[step] for s in spans)
+        for rank, (a, s) in enumerate(zip(arrivals, spans)):
+            wait = latest - a[step] if same_clock else s[step] - shortest
+            waits[rank] += min(max(wait, 0.0), s[step])
+    return waits
+
+
+@dataclass
+class Breakdown:
+    """The epoch's figures over all ranks."""
+
+    ranks: List[Dict[str, float]]  # per rank: seconds per part
+    slowest_rank: int
+    slowest_lead: float  # its busy time (wall − wait) over the median rank's, − 1
+    hidden_share: Optional[float]  # of the communication time, the share under way while backward ran
+    gradient_bytes: int
+    buckets: int
+    algbw_gbps: Optional[float]  # gradient bytes per second of exposed comm, per step
+    busbw_gbps: Optional[float]  # algbw · 2(n−1)/n (nccl-tests' all-reduce bus bandwidth)
+    estimated: bool  # wait and comm across hosts: transfer estimated as the shortest rank's span
+
+
+def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
+    waits = split_wait([e.arrivals for e in epochs], [e.spans for e in epochs], same_clock)
+    ranks = []
+    for epoch, wait in zip(epochs, waits):
+        parts = dict(epoch.parts)
+        parts["wait"], parts["comm"] = wait, max(0.0, parts["comm"] - wait)
+        ranks.append(parts)
+    busy = [sum(p.values()) - p["wait"] for p in ranks]
+    slowest = max(range(len(ranks)), key=lambda r: busy[r])
+    median = statistics.median(busy)
+    steps = max((len(e.arrivals) for e in epochs), default=0)
+    comm = statistics.mean(p["comm"] for p in ranks)
+    overlapped = statistics.mean(e.overlapped_s for e in epochs)
+    n, grad_bytes = len(epochs), max((e.gradient_bytes for e in epochs), default=0)
+    algbw = grad_bytes * steps / comm / 1e9 if comm > 0 and steps else None
+    return Breakdown(
+        ranks=ranks, slowest_rank=slowest, slowest_lead=busy[slowest] / median - 1 if median > 0 else 0.0,
+        hidden_share=overlapped / (overlapped + comm) if steps and overlapped + comm > 0 else None,
+        gradient_bytes=grad_bytes, buckets=max((e.buckets for e in epochs), default=0), algbw_gbps=algbw,
+        busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=not same_clock)
+
+
+def metrics(result: Breakdown) -> Dict[str, float]:
+    """The record's columns: ``time/<part>/rank<k>`` in seconds per epoch, then the run's figures."""
+    values = {f"time/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)
+              for part, seconds in parts.items()}
+    values.update({"time/slowest_rank": result.slowest_rank, "time/slowest_lead": result.slowest_lead,
+                   "comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
+    for key, value in (("comm/hidden_share", result.hidden_share), ("comm/algbw_gbps", result.algbw_gbps),
+                       ("comm/busbw_gbps", result.busbw_gbps)):
+        if value is not None:
+            values[key] = value
+    return values
+
+
+def format_line(result: Breakdown) -> str:
+    """``Step time (slowest rank 1, +12 % over the median): compute 71 %, comm 9 %, wait 12 %, data 6 %, ...``:
+    shares of the ranks' mean training time."""
+    mean = {part: statistics.mean(r[part] for r in result.ranks) for part in PARTS}
+    wall = sum(mean.values()) or 1.0
+    shares = {"compute": mean["forward"] + mean["backward"], **{p: mean[p] for p in PARTS[3:] + ("data",)}}
+    order = ("compute", "comm", "wait", "data", "optimizer", "other")
+    estimate = ", comm/wait estimated across hosts" if result.estimated else ""
+    return (f"Step time (slowest rank {result.slowest_rank}, {result.slowest_lead:+.0%} over the median{estimate}): "
+            + ", ".join(f"{name} {shares[name] / wall:.0%}" for name in order)).replace("%", " %")
+
+
+class StepTimer:
+    """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and from :meth:`wrap`'s comm hook."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.marks: List[StepMarks] = []
+        self._last_end: Optional[float] = None
+        self._current: Optional[StepMarks] = None
+
+    def start_epoch(self) -> None:
+        self.marks, self._last_end, self._current = [], self.clock(), None
+
+    def resume_after_pause(self) -> None:
+        """Validation just ended: its time is no data wait."""
+        self._last_end = self.clock()
+
+    def batch_start(self) -> None:
+        now = self.clock()
+        data = now - self._last_end if self._last_end is not None else 0.0
+        self._current = StepMarks(data_s=data, start=now)
+
+    def _mark(self, name: str) -> None:
+        if self._current is not None:
+            setattr(self._current, name, self.clock())
+
+    def before_backward(self) -> None:
+        self._mark("before_backward")
+
+    def after_backward(self) -> None:
+        self._mark("after_backward")
+
+    def before_optimizer(self) -> None:
+        self._mark("before_optimizer")
+
+    def batch_end(self) -> None:
+        if self._current is not None:
+            self._current.end = self._last_end = self.clock()
+            self.marks.append(self._current)
+            self._current = None
+
+    def take_epoch(self) -> RankEpoch:
+        epoch, self.marks = summarise(self.marks), []
+        return epoch
+
+    def wrap(self, hook: Callable) -> Callable:
+        """A DDP communication hook that runs ``hook`` and notes when each bucket reached it; the future it returns is
+        ``hook``'s own."""
+
+        def timed(state, bucket):
+            now, current = self.clock(), self._current
+            if current is not None:
+                if current.buckets == 0:
+                    current.first_launch = now
+                current.arrival = now
+                current.buckets += 1
+                current.gradient_bytes += bucket.buffer().numel() * bucket.buffer().element_size()
+            return hook(state, bucket)
+
+        return timed

@@ -1,0 +1,82 @@
+"""Where the step time goes, proved with a known fault on one of 2 gloo ranks: each shows up in the right part, on
+the right rank, by about its size (metrics.csv's ``time/<part>/rank<k>``, summed over the run's epochs).
+
+Marked ``alone``: ``make test`` runs these after the rest, one at a time, so no other test shares the 2 cores; the
+delay (0.1 s a step) is over 20 times the step's own jitter here (a step of the mlp at batch 32 takes a few ms)."""
+
+import math
+
+import pytest
+
+from callbacks.run_record import read_rows
+from callbacks.step_time import PARTS
+from tests.conftest import experiment_dir, run_train
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.alone]
+
+DELAY_S = 0.1
+EPOCHS = 2
+STEPS = EPOCHS * 4  # 256 images / (2 ranks x 32) per epoch
+
+
+def run(tmp_path, fashion_root, *extra) -> dict:
+    """A 2-rank ddp run of the mlp; its parts per rank, summed over the epochs, and its epoch lines' breakdown."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    result = run_train(["--strategy", "ddp", "--devices", "2", "--accelerator", "cpu", "--network", "mlp",
+                        "--batch_size", "32", "--epochs", str(EPOCHS), "--data_dir", str(fashion_root),
+                        "--test_after_fit", "false", "--data.num_workers", "0", *extra], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("Step time (")]
+    assert len(lines) == EPOCHS, result.stdout
+    sums, slowest = {}, []
+    for row in read_rows(experiment_dir(tmp_path) / "version_0" / "metrics.csv"):
+        for key, text in row.items():
+            if key.startswith("time/") and key.count("/") == 2 and text:
+                sums[key] = sums.get(key, 0.0) + float(text)
+        if row.get("time/slowest_rank"):
+            slowest.append((int(float(row["time/slowest_rank"])), float(row["time/slowest_lead"])))
+    parts = {rank: {part: sums[f"time/{part}/rank{rank}"] for part in PARTS} for rank in (0, 1)}
+    return {"parts": parts, "slowest": slowest, "lines": lines, "wall": {r: sum(p.values()) for r, p in parts.items()}}
+
+
+def test_a_rank_slower_by_a_known_delay_makes_the_other_wait_that_long(tmp_path, fashion_root):
+    slow = run(tmp_path, fashion_root, "--trainer.callbacks+=tests.recorder.SlowRank",
+               f"--trainer.callbacks.seconds={DELAY_S}")
+    expected = DELAY_S * STEPS
+    rank0, rank1 = slow["parts"][0], slow["parts"][1]
+    assert rank0["wait"] == pytest.approx(expected, rel=0.2), slow
+    assert rank1["wait"] < 0.2 * expected, slow
+    assert rank1["backward"] - rank0["backward"] == pytest.approx(expected, rel=0.2), slow  # where rank 1 spent it
+    assert [rank for rank, _ in slow["slowest"]] == [1] * EPOCHS, slow
+    assert all(line.startswith("Step time (slowest rank 1, +") for line in slow["lines"]), slow["lines"]
+
+
+def test_a_slower_data_loader_on_one_rank_shows_as_its_data_time_not_its_compute(tmp_path, fashion_root):
+    clean = run(tmp_path / "clean", fashion_root)
+    slow = run(tmp_path / "slow", fashion_root, "--trainer.callbacks+=tests.recorder.SlowData",
+               f"--trainer.callbacks.seconds={DELAY_S}")
+    expected = DELAY_S * STEPS
+    assert slow["parts"][1]["data"] - clean["parts"][1]["data"] == pytest.approx(expected, rel=0.2), (clean, slow)
+    compute = lambda r: r["forward"] + r["backward"]  # noqa: E731
+    assert abs(compute(slow["parts"][1]) - compute(clean["parts"][1])) < 0.2 * expected, (clean, slow)
+    assert slow["parts"][0]["wait"] == pytest.approx(expected, rel=0.2), slow  # rank 0 waits for it
+
+
+def test_a_slower_all_reduce_shows_as_comm_on_both_ranks_and_no_straggler(tmp_path, fashion_root):
+    clean = run(tmp_path / "clean", fashion_root)
+    slow = run(tmp_path / "slow", fashion_root, "--trainer.callbacks+=tests.recorder.SlowAllReduce",
+               f"--trainer.callbacks.seconds={DELAY_S}")
+    expected = DELAY_S * STEPS
+    for rank in (0, 1):
+        assert slow["parts"][rank]["comm"] - clean["parts"][rank]["comm"] == pytest.approx(expected, rel=0.2), \
+            (rank, clean, slow)
+    assert all(lead <= 0.05 for _, lead in slow["slowest"]), slow
+
+
+def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path, fashion_root):
+    clean = run(tmp_path, fashion_root)
+    for rank in (0, 1):
+        parts = clean["parts"][rank]
+        assert all(seconds >= 0 and math.isfinite(seconds) for seconds in parts.values()), parts
+        assert parts["other"] <= 0.05 * clean["wall"][rank], parts
+        assert parts["comm"] > 0 and parts["forward"] > 0 and parts["backward"] > 0, parts

@@ -1,0 +1,92 @@
+"""The step-time breakdown's arithmetic on synthetic marks (callbacks/step_time.py); with real ranks and known
+faults: tests/test_step_time.py."""
+
+import pytest
+import torch
+
+from callbacks.step_time import PARTS, RankEpoch, StepMarks, StepTimer, combine, format_line, metrics, split_wait, \
+    summarise
+
+
+def marks(start, data=0.01, forward=0.02, backward=0.03, span=0.01, gap=0.001, optimizer=0.004, first=0.01):
+    """A synced batch: forward, backward up to the last bucket, ``span`` until backward returns, ``gap`` unclaimed,
+    then the optimizer."""
+    b = start + forward
+    a = b + backward
+    return StepMarks(data_s=data, start=start, before_backward=b, first_launch=a - first, arrival=a,
+                     after_backward=a + span, before_optimizer=a + span + gap, end=a + span + gap + optimizer,
+                     buckets=2, gradient_bytes=4000)
+
+
+def test_a_ranks_batches_add_up_to_its_parts_and_the_rest_is_other():
+    epoch = summarise([marks(0.0), marks(1.0)])
+    assert {k: round(v, 6) for k, v in epoch.parts.items()} == {
+        "data": 0.02, "forward": 0.04, "backward": 0.06, "comm": 0.02, "wait": 0.0, "optimizer": 0.008,
+        "other": 0.002}
+    assert epoch.arrivals == [0.05, 1.05] and epoch.spans == pytest.approx([0.01, 0.01])
+    assert epoch.overlapped_s == pytest.approx(0.02) and (epoch.gradient_bytes, epoch.buckets) == (4000, 2)
+    unsynced = summarise([StepMarks(data_s=0.0, start=0.0, before_backward=0.1, after_backward=0.3, end=0.3)])
+    assert unsynced.parts["backward"] == pytest.approx(0.2) and unsynced.parts["comm"] == 0 and not unsynced.spans
+
+
+def test_wait_is_the_latest_arrival_less_ones_own_on_one_host_and_estimated_across_hosts():
+    arrivals = [[1.00, 2.00], [1.05, 2.00]]  # rank 1 arrives 50 ms late in step 1
+    spans = [[0.06, 0.01], [0.01, 0.01]]  # rank 0 sat in the all-reduce 60 ms: 50 waiting, 10 transferring
+    assert split_wait(arrivals, spans, same_clock=True) == pytest.approx([0.05, 0.0])
+    assert split_wait(arrivals, spans, same_clock=False) == pytest.approx([0.05, 0.0])
+    assert split_wait([[1.0], [1.5]], [[0.02], [0.01]], same_clock=True) == pytest.approx([0.02, 0.0])  # at most span
+    nan = float("nan")
+    assert split_wait([[1.0, nan], [1.0, 2.0]], [[0.01, nan], [0.01, 0.3]], True) == [0.0, 0.0]  # padding skipped
+
+
+def test_the_epoch_over_ranks_names_the_slowest_its_lead_and_the_all_reduce_bandwidths():
+    fast, slow = RankEpoch(), RankEpoch()
+    fast.parts.update(forward=1.0, backward=1.0, comm=0.6)  # 0.5 s of it waiting
+    slow.parts.update(forward=1.0, backward=1.5, comm=0.1)
+    fast.arrivals, fast.spans, slow.arrivals, slow.spans = [1.0], [0.6], [1.5], [0.1]
+    for epoch in (fast, slow):
+        epoch.overlapped_s, epoch.gradient_bytes, epoch.buckets = 0.3, 10 ** 8, 4
+    result = combine([fast, slow])
+    assert result.ranks[0]["wait"] == pytest.approx(0.5) and result.ranks[0]["comm"] == pytest.approx(0.1)
+    assert result.ranks[1]["wait"] == 0 and result.slowest_rank == 1
+    assert result.slowest_lead == pytest.approx(2.6 / 2.35 - 1)  # busy 2.1 and 2.6: the median of two is 2.35
+    assert result.hidden_share == pytest.approx(0.3 / 0.4)
+    assert result.algbw_gbps == pytest.approx(1.0) and result.busbw_gbps == pytest.approx(1.0)  # 2(n-1)/n = 1
+    values = metrics(result)
+    assert values["time/wait/rank0"] == pytest.approx(0.5) and values["time/slowest_rank"] == 1
+    assert {key for key in values if key.endswith("/rank1")} == {f"time/{part}/rank1" for part in PARTS}
+    assert format_line(result) == ("Step time (slowest rank 1, +11 % over the median): compute 87 %, comm 4 %, "
+                                   "wait 10 %, data 0 %, optimizer 0 %, other 0 %")
+
+
+class FakeBucket:
+    def __init__(self, numel):
+        self.tensor = torch.zeros(numel)
+
+    def buffer(self):
+        return self.tensor
+
+
+def test_the_timer_wraps_the_runs_own_comm_hook_and_notes_each_bucket():
+    now = iter([0.0, 0.5, 1.0, 1.2, 1.5, 1.6, 1.7, 1.8, 2.0, 2.1])
+    timer = StepTimer(clock=lambda: next(now))
+    calls = []
+
+    def users_hook(state, bucket):
+        calls.append(state)
+        return "the user's future"
+
+    hook = timer.wrap(users_hook)
+    timer.start_epoch()           # 0.0
+    timer.batch_start()           # 0.5: data 0.5
+    timer.before_backward()       # 1.0
+    assert hook("state", FakeBucket(10)) == "the user's future"  # 1.2: the first bucket
+    hook("state", FakeBucket(5))  # 1.5: the last bucket, this rank's arrival
+    timer.after_backward()        # 1.6
+    timer.before_optimizer()      # 1.7
+    timer.batch_end()             # 1.8
+    epoch = timer.take_epoch()
+    assert calls == ["state", "state"] and (epoch.buckets, epoch.gradient_bytes) == (2, 60)
+    assert {k: round(v, 6) for k, v in epoch.parts.items()} == {
+        "data": 0.5, "forward": 0.5, "backward": 0.5, "comm": 0.1, "wait": 0.0, "optimizer": 0.1, "other": 0.1}
+    assert epoch.arrivals == [1.5] and epoch.overlapped_s == pytest.approx(0.3)
