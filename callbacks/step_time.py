@@ -217,3 +217,18 @@ class StepTimer:
             return hook(state, bucket)
 
         return timed
+
+
+def tensorboard_layout(breakdown: bool) -> Dict[str, Dict[str, list]]:
+    """TensorBoard's custom-scalars layout: images/sec, validation accuracy and loss, and (with the breakdown) each
+    part per rank, on one page, so a 1-device and a 4-device run compare side by side (tags are regular
+    expressions; every run in the folder shows on each chart)."""
+    layout = {"Throughput and accuracy": {
+        "images/sec (all ranks)": ["Multiline", [r"^throughput/images_per_sec$"]],
+        "validation accuracy": ["Multiline", [r"^val/acc$"]],
+        "validation loss": ["Multiline", [r"^val/loss$"]]}}
+    if breakdown:
+        layout["Step time per rank (s per epoch)"] = {
+            part: ["Multiline", [rf"^time/{part}/rank\d+$"]] for part in PARTS}
+    return layout
+

@@ -10,8 +10,10 @@ from typing import Callable, List, Optional
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.tensorboard.summary import custom_scalars
 
 from callbacks import step_time
 from callbacks.run_record import EpochRecord
@@ -147,13 +149,17 @@ class ThroughputReport(Callback):
             torch.cuda.synchronize(trainer.strategy.root_device)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self.breakdown or trainer.strategy.root_device.type != "cpu":
-            return
-        self.timer = step_time.StepTimer()
-        model = trainer.strategy.model
-        if isinstance(model, DistributedDataParallel):  # Lightning registers a comm hook on CUDA only
-            state, hook = compat.ddp_comm_hook(trainer.strategy)
-            model.register_comm_hook(state, self.timer.wrap(hook or default_hooks.allreduce_hook))
+        if self.breakdown and trainer.strategy.root_device.type == "cpu":
+            self.timer = step_time.StepTimer()
+            model = trainer.strategy.model
+            if isinstance(model, DistributedDataParallel):  # Lightning registers a comm hook on CUDA only
+                state, hook = compat.ddp_comm_hook(trainer.strategy)
+                model.register_comm_hook(state, self.timer.wrap(hook or default_hooks.allreduce_hook))
+        if trainer.is_global_zero:
+            layout = custom_scalars(step_time.tensorboard_layout(self.timer is not None))
+            for logger in trainer.loggers:
+                if isinstance(logger, TensorBoardLogger):
+                    compat.write_tensorboard_summaries(logger, [layout])
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)

@@ -5,8 +5,11 @@ Marked ``alone``: ``make test`` runs these after the rest, one at a time, so no 
 delay (0.1 s a step) is over 20 times the step's own jitter here (a step of the mlp at batch 32 takes a few ms)."""
 
 import math
+import re
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
 
 from callbacks.run_record import read_rows
 from callbacks.step_time import PARTS
@@ -80,3 +83,15 @@ def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path
         assert all(seconds >= 0 and math.isfinite(seconds) for seconds in parts.values()), parts
         assert parts["other"] <= 0.05 * clean["wall"][rank], parts
         assert parts["comm"] > 0 and parts["forward"] > 0 and parts["backward"] > 0, parts
+    # TensorBoard: the custom-scalars page's every chart matches tags the run logged
+    events = EventAccumulator(str(experiment_dir(tmp_path) / "version_0"), size_guidance={"tensors": 0})
+    events.Reload()
+    (config,) = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    scalars = events.Tags()["scalars"]
+    charts = [chart for category in layout.category for chart in category.chart]
+    assert len(charts) == 3 + len(PARTS), layout
+    for chart in charts:
+        for pattern in chart.multiline.tag:
+            assert [tag for tag in scalars if re.search(pattern, tag)], (chart.title, pattern, scalars)
+    assert {tag for tag in scalars if re.search(r"^time/wait/rank\d+$", tag)} == {"time/wait/rank0", "time/wait/rank1"}
