@@ -42,6 +42,7 @@ BENCH_ARGS ?=
 
 bench: $(STAMP)  ## speed A/B benchmark (needs FASHION_MNIST_DIR); rewrites its section of docs/benchmarks.md
 	$(BIN)/python -m benchmarks.speed --write $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.step_time_cost
 
 tensorboard: $(STAMP)  ## serve the TensorBoard logs under runs/ on http://localhost:6006
 	$(BIN)/tensorboard --logdir runs

@@ -48,6 +48,7 @@ class RankEpoch:
     overlapped_s: float = 0.0  # communication under way while backward still ran (first launch -> arrival)
     gradient_bytes: int = 0  # per synced step
     buckets: int = 0
+    step_std_s: float = 0.0  # spread of its steps' busy time (data to end, less comm and wait): the model's σ
 
     @property
     def wall(self) -> float:
@@ -61,6 +62,7 @@ def _span(end: float, start: float) -> float:
 def summarise(marks: Sequence[StepMarks]) -> RankEpoch:
     """A rank's epoch from its batches' marks. ``comm`` holds wait + transfer until :func:`split_wait`."""
     epoch = RankEpoch()
+    busy = []
     for m in marks:
         p = epoch.parts
         p["data"] += m.data_s
@@ -72,11 +74,13 @@ def summarise(marks: Sequence[StepMarks]) -> RankEpoch:
         claimed = sum(_span(*pair) for pair in ((m.before_backward, m.start), (backward_end, m.before_backward),
                                                 (m.after_backward, backward_end), (m.end, m.before_optimizer)))
         p["other"] += max(0.0, _span(m.end, m.start) - claimed)
+        busy.append(m.data_s + _span(m.end, m.start) - _span(m.after_backward, backward_end))
         if math.isfinite(m.arrival):
             epoch.arrivals.append(m.arrival)
             epoch.spans.append(_span(m.after_backward, m.arrival))
             epoch.overlapped_s += _span(m.arrival, m.first_launch)
             epoch.gradient_bytes, epoch.buckets = m.gradient_bytes, m.buckets
+    epoch.step_std_s = statistics.stdev(busy) if len(busy) > 1 else 0.0
     return epoch
 
 
@@ -101,6 +105,7 @@ class Breakdown:
     """The epoch's figures over all ranks."""
 
     ranks: List[Dict[str, float]]  # per rank: seconds per part
+    step_std_s: List[float]  # per rank: spread of a step's busy time
     slowest_rank: int
     slowest_lead: float  # its busy time (wall − wait) over the median rank's, − 1
     hidden_share: Optional[float]  # of the communication time, the share under way while backward ran
@@ -127,7 +132,7 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
     n, grad_bytes = len(epochs), max((e.gradient_bytes for e in epochs), default=0)
     algbw = grad_bytes * steps / comm / 1e9 if comm > 0 and steps else None
     return Breakdown(
-        ranks=ranks, slowest_rank=slowest, slowest_lead=busy[slowest] / median - 1 if median > 0 else 0.0,
+        ranks=ranks, step_std_s=[e.step_std_s for e in epochs], slowest_rank=slowest, slowest_lead=busy[slowest] / median - 1 if median > 0 else 0.0,
         hidden_share=overlapped / (overlapped + comm) if steps and overlapped + comm > 0 else None,
         gradient_bytes=grad_bytes, buckets=max((e.buckets for e in epochs), default=0), algbw_gbps=algbw,
         busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=not same_clock)
@@ -137,6 +142,7 @@ def metrics(result: Breakdown) -> Dict[str, float]:
     """The record's columns: ``time/<part>/rank<k>`` in seconds per epoch, then the run's figures."""
     values = {f"time/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)
               for part, seconds in parts.items()}
+    values.update({f"time/step_std_s/rank{rank}": std for rank, std in enumerate(result.step_std_s)})
     values.update({"time/slowest_rank": result.slowest_rank, "time/slowest_lead": result.slowest_lead,
                    "comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
     for key, value in (("comm/hidden_share", result.hidden_share), ("comm/algbw_gbps", result.algbw_gbps),

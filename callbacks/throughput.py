@@ -216,7 +216,8 @@ class ThroughputReport(Callback):
         steps = self.timer.take_epoch() if self.timer is not None else None
         local = [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s]
         if steps is not None:
-            local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans)]
+            local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans),
+                      steps.step_std_s]
         rows = self._gather(trainer, local)
         result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
@@ -255,7 +256,7 @@ class ThroughputReport(Callback):
         epochs = []
         for row in rows:
             epoch = step_time.RankEpoch(dict(zip(step_time.PARTS, row[4:11])), overlapped_s=row[11],
-                                        gradient_bytes=int(row[12]), buckets=int(row[13]))
+                                        gradient_bytes=int(row[12]), buckets=int(row[13]), step_std_s=row[15])
             epochs.append(epoch)
         synced = int(max(row[14] for row in rows))
         if synced and len(rows) > 1:

@@ -54,7 +54,7 @@ def test_the_epoch_over_ranks_names_the_slowest_its_lead_and_the_all_reduce_band
     assert result.algbw_gbps == pytest.approx(1.0) and result.busbw_gbps == pytest.approx(1.0)  # 2(n-1)/n = 1
     values = metrics(result)
     assert values["time/wait/rank0"] == pytest.approx(0.5) and values["time/slowest_rank"] == 1
-    assert {key for key in values if key.endswith("/rank1")} == {f"time/{part}/rank1" for part in PARTS}
+    assert {key for key in values if key.endswith("/rank1")} == {f"time/{part}/rank1" for part in (*PARTS, "step_std_s")}
     assert format_line(result) == ("Step time (slowest rank 1, +11 % over the median): compute 87 %, comm 4 %, "
                                    "wait 10 %, data 0 %, optimizer 0 %, other 0 %")
 

@@ -1,0 +1,74 @@
+"""What the step-time breakdown costs: train.py with it on and off, in interleaved pairs, images/sec of the steady
+epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios. Part of `make bench`.
+
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.step_time_cost [--pairs 10] [--devices 2]
+
+Off is configs/default.yaml with ``callbacks.ThroughputReport``'s ``breakdown: false`` (a copy written to a scratch
+folder); everything else is the same command.
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.speed import machine  # noqa: E402
+from callbacks.run_record import read_run  # noqa: E402
+from cli import launch  # noqa: E402
+
+
+def config_without_breakdown(folder: Path) -> Path:
+    config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
+    for callback in config["trainer"]["callbacks"]:
+        if callback["class_path"] == "callbacks.ThroughputReport":
+            callback.setdefault("init_args", {})["breakdown"] = False
+    path = folder / "breakdown_off.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def rate(args, extra) -> float:
+    strategy = ["--strategy", "ddp"] if args.devices > 1 else []
+    finished = launch.run_in_scratch([*extra, *strategy, "--devices", str(args.devices), "--accelerator", "cpu",
+                                      "--network", args.network, "--data.train_subset", str(args.train_subset),
+                                      "--epochs", str(args.epochs), "--trainer.limit_val_batches", "1",
+                                      "--test_after_fit", "false"], 1800, threads=1,
+                                     read=lambda folder: read_run(folder / "runs"))
+    return statistics.median(e.images_per_sec for e in finished.record.epochs[1:])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_time_cost", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--network", default="cnn")
+    parser.add_argument("--train_subset", type=int, default=4096)
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as folder:
+        off_config = ["--config", str(config_without_breakdown(Path(folder)))]
+        ratios, on, off = [], [], []
+        for pair in range(args.pairs):  # on first in even pairs, off first in odd ones
+            order = [("on", []), ("off", off_config)]
+            results = dict((name, rate(args, extra)) for name, extra in (order if pair % 2 == 0 else order[::-1]))
+            on.append(results["on"])
+            off.append(results["off"])
+            ratios.append(results["on"] / results["off"])
+            print(f"pair {pair + 1}: on {results['on']:.0f}, off {results['off']:.0f} images/sec, on/off "
+                  f"{ratios[-1]:.3f}", flush=True)
+    print(f"\n{args.devices} CPU rank(s) x 1 thread, {args.network}, {args.train_subset} images x {args.epochs} epochs "
+          f"(steady epochs 2..); {machine()}")
+    print(f"breakdown on/off: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) "
+          f"over {args.pairs} interleaved pairs; on {statistics.median(on):.0f}, off {statistics.median(off):.0f} "
+          f"images/sec")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
