@@ -10,8 +10,8 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lightning_modules.ghost_batch_norm import is_ghost, use_ghost_batch_norm
+from datamodules.augment import run_seed
 from lightning_modules.optim import add_gradient_noise
-from runtime.resume import run_seed
 from strategies import FullyShardedStrategy
 
 

@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
 from callbacks.throughput import log_to_loggers
-from strategies import local_shard
+from lightning_modules.optim import local_shard
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -18,7 +18,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 
 from runtime import compat
-from strategies import describe_run
+from lightning_modules.batch_plan import describe_run
 
 FILE_NAME = "metrics.csv"
 # TensorBoard's HPARAMS tab gets these columns, tied to scalar tags every run logs anyway.

@@ -3,9 +3,17 @@ of 2×N PIL operations. Draws come from a generator seeded by (seed, rank, epoch
 same and ranks draw independently."""
 
 import hashlib
+import os
 
 import torch
 import torch.nn.functional as F
+
+
+def run_seed() -> int:
+    """The run's seed, as Lightning's ``seed_everything`` set it for every rank (``PL_GLOBAL_SEED``; 0 when none was
+    set): the one place it is read, by everything that draws per (seed, rank, epoch, step): the sampler,
+    augmentation, gradient noise."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def augmentation_seed(seed: int, rank: int, epoch: int, batch: int) -> int:

@@ -6,18 +6,16 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 from jsonargparse.typing import NonNegativeInt, PositiveInt
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 from torchvision.datasets import FashionMNIST
 
-from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip
+from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip, run_seed
 from datamodules.files import check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder, torchvision_root
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
-from runtime.errors import ConfigError
-from runtime.resume import run_seed
-from runtime.lifetime import data_worker_timeout, init_data_worker, kill_stuck_workers_at_exit
 
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
 PIXEL_MEAN = 0.2860
@@ -92,6 +90,9 @@ class FashionMNISTDataModule(LightningDataModule):
         self._train_loader: Optional[ResumableLoader] = None
         self._resume_position: Optional[Dict[str, int]] = None  # from a checkpoint, for the next train loader
         self.test_set: Optional[InMemoryImages] = None
+        # DataLoader arguments for worker processes, from whatever runs this module (train.py: a timeout and a
+        # worker_init_fn that ends the workers with their rank; JobFaults sets them in its setup hook)
+        self.worker_options: Dict[str, Any] = {}
 
     @property
     def raw_folder(self) -> Path:
@@ -123,8 +124,9 @@ class FashionMNISTDataModule(LightningDataModule):
                 self.val_set = InMemoryImages(train.data[held_out], train.targets[held_out])
             if self.train_subset is not None and self.train_subset > len(kept):
                 held = f" after --data.val_size {self.val_size} held out" if self.val_size else ""
-                raise ConfigError(f"--data.train_subset {self.train_subset} is more than the {len(kept)} training "
-                                  f"images{held}: give at most {len(kept)}, or leave it unset to train on all")
+                raise MisconfigurationException(
+                    f"--data.train_subset {self.train_subset} is more than the {len(kept)} training images{held}: give "
+                    f"at most {len(kept)}, or leave it unset to train on all")
             kept = kept[: self.train_subset]  # the first n images left
             self.train_set = InMemoryImages(train.data[kept], train.targets[kept])
         if self.test_set is None:
@@ -148,11 +150,7 @@ class FashionMNISTDataModule(LightningDataModule):
 
     def _loader(self, dataset: InMemoryImages, batch_size: int, shuffle: bool, sampler=None,
                 loader_class=DataLoader) -> DataLoader:
-        workers = {}
-        if self.num_workers > 0:
-            # torch waits forever for a stalled worker; here half the collective timeout (runtime/lifetime.py).
-            workers = dict(timeout=data_worker_timeout(), worker_init_fn=init_data_worker)
-            kill_stuck_workers_at_exit()
+        workers = self.worker_options if self.num_workers > 0 else {}
         return loader_class(
             dataset,
             batch_size=batch_size,

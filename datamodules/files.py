@@ -12,7 +12,14 @@ from typing import Iterable, List, Optional, Tuple
 
 from torchvision.datasets import FashionMNIST
 
-from runtime.errors import CorruptDataError, DataNotFoundError
+
+class DataNotFoundError(FileNotFoundError):
+    """The IDX files are missing and could not be downloaded (train.py: exit 65)."""
+
+
+class CorruptDataError(ValueError):
+    """An IDX file is unreadable, truncated, of the wrong kind, or disagrees with its pair (train.py: exit 65)."""
+
 
 DATA_DIR_ENV = "FASHION_MNIST_DIR"
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")

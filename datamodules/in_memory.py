@@ -4,9 +4,8 @@ GPU the split lives in GPU memory, so a batch never crosses the PCIe bus."""
 from typing import Sequence, Tuple
 
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.utils.data import Dataset
-
-from runtime.errors import ConfigError
 
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
@@ -51,8 +50,8 @@ def stratified_holdout(labels: torch.Tensor, size: int, seed: int = 0) -> Tuple[
     """(kept, held out) indices, each ascending: ``size`` images held out with every class in proportion (largest
     remainders get the rounding), drawn by a generator of ``seed``: the same split on every rank and world size."""
     if not 0 <= size < len(labels):
-        raise ConfigError(f"data.val_size is {size}: hold out from 0 to {len(labels) - 1} of the {len(labels)} "
-                          f"training images")
+        raise MisconfigurationException(
+            f"data.val_size is {size}: hold out from 0 to {len(labels) - 1} of the {len(labels)} training images")
     if size == 0:
         return torch.arange(len(labels)), torch.zeros(0, dtype=torch.long)
     classes, counts = torch.unique(labels, return_counts=True)

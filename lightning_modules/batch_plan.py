@@ -2,8 +2,26 @@
 policy, the start block, the hyperparameters and the throughput report (README, "Batch size and learning rate")."""
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Dict
+
+
+def strategy_label(strategy) -> str:
+    """The registry name users type (``fsdp``, ``dp``), else ``DDPStrategy`` -> ``ddp``."""
+    registered = getattr(type(strategy), "strategy_name", None)
+    if registered:
+        return registered
+    name = type(strategy).__name__.removesuffix("Strategy")
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
+
+
+def describe_run(trainer) -> Dict[str, str]:
+    """Where and how ``trainer`` trains: accelerator, strategy and process-group backend, as the start block says."""
+    strategy = trainer.strategy
+    return {"accelerator": type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
+            "strategy": strategy_label(strategy),
+            "backend": getattr(strategy, "process_group_backend", None) or "none"}
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 batch. The network and the optimizer are objects a config names by class path (docs/cli.md, "Your own network or
 optimizer"); the learning-rate policy is lr_policy.py; the batch numbers are batch_plan.py."""
 
+import warnings
 from typing import Dict, List, Optional
 
 import torch
@@ -12,15 +13,14 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_modules.batch_plan import BatchPlan
+from lightning_modules.batch_plan import BatchPlan, describe_run
 from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
 from lightning_modules.lr_policy import LearningRates, LRPolicy, continue_schedule
 from lightning_modules.optim import check_optimizer, param_groups
-from runtime import compat
-from strategies import FullyShardedStrategy, describe_run
 
 NUM_CLASSES = 10
 
@@ -79,10 +79,14 @@ class FashionMNISTClassifier(LightningModule):
             check_optimizer(optimizer)
         except ValueError as error:
             raise MisconfigurationException(str(error)) from error
-        # From a config the hyperparameters are its class paths (a checkpoint keeps them and loads without code);
-        # built in Python, the objects themselves are not hyperparameters.
-        objects = [] if compat.hparams_from_config() else ["network", "optimizer", "lr_policy"]
-        self.save_hyperparameters(ignore=["batch_size", "virtual_devices", *objects])
+        # From a config, LightningCLI gives save_hyperparameters the config itself: class paths and plain values, which
+        # a checkpoint keeps and loads without code. Built in Python, the objects are not hyperparameters: dropped.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
+            self.save_hyperparameters(ignore=["batch_size", "virtual_devices"])
+        for name in ("network", "optimizer", "lr_policy"):
+            if not isinstance(self.hparams.get(name), (dict, str)):
+                self.hparams.pop(name, None)
         check_network(network)
         self.net = network
         if virtual_devices > 1:
@@ -105,10 +109,17 @@ class FashionMNISTClassifier(LightningModule):
         self.start_notes: List[str] = []  # extra lines for the start block (the CLI's checkpoint overrides)
 
     def configure_model(self) -> None:
-        """Under ``--strategy fsdp`` the strategy shards the network here (strategies/fsdp.py)."""
-        strategy = self._trainer.strategy if self._trainer else None
-        if isinstance(strategy, FullyShardedStrategy):
-            strategy.shard(self.net)
+        """Under ``--strategy fsdp`` (a ModelParallelStrategy: Lightning gives the module a ``device_mesh``) FSDP2
+        shards the network: each layer with parameters its own unit (its weights gathered only while it runs), then
+        the whole. Idempotent: Lightning calls it in every stage."""
+        if self.device_mesh is None or isinstance(self.net, FSDPModule):
+            return
+        self.net.to(memory_format=torch.contiguous_format)  # FSDP2 shards contiguous parameters only (not NHWC)
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net.modules():
+            if layer is not self.net and any(True for _ in layer.parameters(recurse=False)):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         images = images.contiguous(memory_format=self.memory_format)

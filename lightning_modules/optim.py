@@ -10,11 +10,17 @@ from typing import Callable, Dict, Iterable, List, Literal, Optional
 import torch
 from torch import nn
 
+from torch.distributed.tensor import DTensor
+
 from lightning_modules.networks import NORM_LAYERS
-from strategies.fsdp import local_shard
 
 ScalingRule = Literal["none", "linear", "sqrt"]
 ScheduleName = Literal["constant", "cosine", "step"]
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank holds: its shard of a DTensor (FSDP2), else the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: ScalingRule) -> float:

@@ -9,7 +9,6 @@ docs/reliability.md.
 from typing import Any, Dict, List
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.core.mixins import hparams_mixin
 from lightning.pytorch.loggers import TensorBoardLogger
 
 CHECKED_AGAINST = "2.6.6"
@@ -96,12 +95,6 @@ def shard_over_every_rank(strategy) -> None:
     strategy._tensor_parallel_size = 1
 
 
-def hparams_from_config() -> bool:
-    """Whether the LightningModule being built gets its hyperparameters from LightningCLI's config (class paths and
-    plain values) rather than from the objects passed in Python."""
-    return hparams_mixin._given_hyperparameters.get() is not None
-
-
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
     return {key: value for key, value in params.items() if key not in CLI_PRIVATE_KEYS}
 
@@ -121,7 +114,7 @@ def _required() -> List[tuple]:
     return [
         (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
         (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
-        (trainer.fit_loop, "_data_fetcher"), (hparams_mixin, "_given_hyperparameters"),
+        (trainer.fit_loop, "_data_fetcher"),
         (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
         (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"),

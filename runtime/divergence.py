@@ -17,7 +17,8 @@ from runtime import compat
 from runtime.agreement import VALIDATION, Participant
 from runtime.errors import TrainingDiverged
 from runtime.faults import no_checkpoint_on_exception
-from strategies import is_fsdp, local_shard
+from lightning_modules.optim import local_shard
+from strategies import is_fsdp
 
 CHANCE_ACCURACY = 0.11  # 10 classes: 0.10, plus what a constant prediction gets on a slightly uneven split
 NONE = -1.0

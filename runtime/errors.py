@@ -15,6 +15,7 @@ from typing import Callable, Optional, Sequence
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from datamodules.files import CorruptDataError, DataNotFoundError
 from runtime.faults import describe_fault
 from runtime.lifetime import end_peer_tasks
 
@@ -58,13 +59,8 @@ class ShorthandError(ConfigError):
     """The command line cannot be rewritten (cli/shorthand.py)."""
 
 
-class DataNotFoundError(UserFacingError, FileNotFoundError):
-    """The IDX files are missing and could not be downloaded."""
-    exit_code = ExitCode.DATA
-
-
-class CorruptDataError(UserFacingError, ValueError):
-    """An IDX file is unreadable, truncated, of the wrong kind, or disagrees with its pair."""
+class DataError(UserFacingError):
+    """The data's own errors (datamodules/files.py): IDX files missing and not downloadable, or damaged."""
     exit_code = ExitCode.DATA
 
 
@@ -166,7 +162,8 @@ _VAL_CHECK_BEYOND_EPOCH = re.compile(
 def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional[UserFacingError]:
     """The table's entry for ``error``: itself, or the user-facing error a foreign exception stands for; None for a bug.
 
-    Lightning's MisconfigurationException and jsonargparse's ArgumentError are configuration mistakes; a torch
+    Lightning's MisconfigurationException and jsonargparse's ArgumentError are configuration mistakes, the data's
+    own errors are data errors; a torch
     RuntimeError that :func:`runtime.faults.describe_fault` recognises is a fault of the job.
     """
     if isinstance(error, UserFacingError):
@@ -175,6 +172,8 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
         return ConfigError(_without_type_dump(one_line(error)))
     if isinstance(error, MisconfigurationException):
         return ConfigError(one_line(error))
+    if isinstance(error, (DataNotFoundError, CorruptDataError)):
+        return DataError(one_line(error))
     if isinstance(error, KeyboardInterrupt):
         return Interrupted("interrupted (Ctrl-C)")
     interval = _VAL_CHECK_BEYOND_EPOCH.search(one_line(error)) if isinstance(error, ValueError) else None

@@ -14,7 +14,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from runtime import compat
-from runtime.lifetime import TIMEOUT_ENV, collective_timeout, kill_data_workers
+from runtime.lifetime import (TIMEOUT_ENV, collective_timeout, data_worker_timeout, init_data_worker, kill_data_workers,
+                              kill_stuck_workers_at_exit)
 
 
 def _seconds(text: str, pattern: str, scale: float = 1.0) -> Optional[str]:
@@ -87,6 +88,13 @@ def no_checkpoint_on_exception(trainer: Trainer) -> None:
 class JobFaults(Callback):
     """On a fault of the job: no collective save on exception, stuck data workers killed, and the launching process
     stops watching its ranks (it waits for them after its line). runtime.install puts it first."""
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """A datamodule that takes ``worker_options`` gets its DataLoader workers ended with their rank, and a stalled
+        worker reported after half the collective timeout (torch would wait forever)."""
+        if hasattr(trainer.datamodule, "worker_options"):
+            trainer.datamodule.worker_options = dict(timeout=data_worker_timeout(), worker_init_fn=init_data_worker)
+            kill_stuck_workers_at_exit()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if describe_fault(exception) is None:

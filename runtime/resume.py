@@ -105,12 +105,6 @@ def finished_training(checkpoint: dict, max_epochs: Optional[int], max_steps: Op
 # ------------------------------------------------------------------ random generators
 
 
-def run_seed() -> int:
-    """The run's seed, as ``seed_everything`` set it for every rank (``PL_GLOBAL_SEED``; 0 when none was set): the one
-    place it is read, by everything that draws per (seed, rank, epoch, step): the sampler, augmentation, noise."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-
 def capture() -> Dict[str, Any]:
     """torch's, numpy's and Python's generator state, as tensors, ints and tuples (loads with weights_only=True)."""
     kind, keys, position, has_gauss, cached = np.random.get_state()

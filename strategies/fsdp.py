@@ -9,11 +9,7 @@ LARS and LAMB compute their per-layer norms on DTensors, that is over the whole 
 import importlib
 from typing import Any, Optional
 
-import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
-from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
 
 # Optimizers whose state mixes plain tensors with fsdp's DTensors, which torch refuses.
@@ -23,7 +19,8 @@ CPU_NAME = "fsdp_cpu"
 
 
 class FullyShardedStrategy(ModelParallelStrategy):
-    """Registered as ``fsdp`` and ``fsdp_cpu``; the LightningModule's ``configure_model`` calls :meth:`shard`."""
+    """Registered as ``fsdp`` and ``fsdp_cpu``; the LightningModule's ``configure_model`` shards its network over
+    ``device_mesh["data_parallel"]`` (Lightning's pattern for ModelParallelStrategy)."""
 
     strategy_name = "fsdp"
 
@@ -42,22 +39,6 @@ class FullyShardedStrategy(ModelParallelStrategy):
         compat.shard_over_every_rank(self)  # a data-parallel mesh of all ranks, not Lightning's nodes × devices
         super().setup_environment()
 
-    def shard(self, module: nn.Module) -> None:
-        """Each layer with parameters its own FSDP unit (its weights gathered only while it runs), then the whole;
-        idempotent: Lightning calls ``configure_model`` in every stage."""
-        if isinstance(module, FSDPModule):
-            return
-        module.to(memory_format=torch.contiguous_format)  # FSDP2 shards contiguous parameters only (not NHWC)
-        mesh = self.device_mesh["data_parallel"]
-        for layer in module.modules():
-            if layer is not module and any(True for _ in layer.parameters(recurse=False)):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(module, mesh=mesh)
-
-
-def local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """The part of ``tensor`` this rank holds: its shard of a DTensor (FSDP2), else the tensor itself."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def unshardable_optimizer(optimizer_class: type) -> Optional[str]:

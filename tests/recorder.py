@@ -87,7 +87,7 @@ class WeightsRecorder(Callback):
     def on_train_end(self, trainer, pl_module):
         import torch
 
-        from strategies import local_shard
+        from lightning_modules.optim import local_shard
 
         self._save_weights(trainer, "weights.pt")
         optimizer_state = sum(

@@ -5,13 +5,14 @@ import torch.distributed as dist
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+from datamodules.files import CorruptDataError, DataNotFoundError
 from runtime import errors
 from runtime.errors import reported
 
 # README's exit-code table, class by class.
 TABLE = [
-    (errors.ConfigError("bad"), 2), (errors.ShorthandError("bad"), 2), (errors.DataNotFoundError("gone"), 65),
-    (errors.CorruptDataError("bad"), 65), (errors.CheckpointNotFoundError("gone"), 66),
+    (errors.ConfigError("bad"), 2), (errors.ShorthandError("bad"), 2), (DataNotFoundError("gone"), 65),
+    (CorruptDataError("bad"), 65), (errors.CheckpointNotFoundError("gone"), 66),
     (errors.CheckpointCorruptError("x.ckpt", "bad"), 66), (errors.OutputNotWritableError("ro"), 73),
     (errors.CheckpointWriteError("full"), 73), (errors.TrainingDiverged("nan"), 70), (errors.JobFault("lost"), 75),
     (errors.Preempted("stopped", 143), 143), (errors.Preempted("stopped", 130), 130), (errors.NothingToTrain("done"), 0),
