@@ -28,12 +28,8 @@ def require_cuda_for_dp() -> None:
 
 
 def _cuda_autocast_dtype() -> Optional[torch.dtype]:
-    """The calling thread's CUDA autocast dtype, None when autocast is off (torch 2.2 to today)."""
-    if not torch.is_autocast_enabled():  # no argument: CUDA's autocast, in every torch version
-        return None
-    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
-        return torch.get_autocast_dtype("cuda")
-    return torch.get_autocast_gpu_dtype()
+    """The calling thread's CUDA autocast dtype, None when autocast is off."""
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
 
 
 class _Forward(nn.Module):
