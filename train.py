@@ -8,10 +8,10 @@
 
 What happens when you run it:
 
-1. The command line is rewritten (cli/shorthand.py: no subcommand means ``fit``; ``--devices`` is
-   ``--trainer.devices``...) and checked before anything starts (cli/checks.py).
+1. The command line is rewritten (fashion_mnist_dp/cli/shorthand.py: no subcommand means ``fit``; ``--devices`` is
+   ``--trainer.devices``...) and checked before anything starts (fashion_mnist_dp/cli/checks.py).
 2. LightningCLI builds the model, the data module and the Trainer from configs/default.yaml, your
-   ``--config`` files and flags (cli/app.py). The run-time guards join every Trainer (runtime/):
+   ``--config`` files and flags (fashion_mnist_dp/cli/app.py). The run-time guards join every Trainer (fashion_mnist_dp/runtime/):
    the ranks agree every ``--check_every_n_steps`` steps whether to stop (a signal, divergence).
 3. ``--ckpt_path`` is resolved and the data checked once per node, in the launching process, so a
    bad input ends with one line before any rank starts.
@@ -27,10 +27,10 @@ import sys
 
 if os.environ.get("SLURM_STEP_NUM_TASKS", "1") != "1":
     # Under srun a failed task signals the others (runtime.lifetime.end_peer_tasks). Until the run-time guards
-    # listen (runtime/preemption.py), a task still importing ends at once too, with the same code, 1.
+    # listen (fashion_mnist_dp/runtime/preemption.py), a task still importing ends at once too, with the same code, 1.
     signal.signal(signal.SIGUSR2, lambda signum, frame: os._exit(1))
 
-from cli.app import main  # noqa: E402
+from fashion_mnist_dp.cli.app import main  # noqa: E402
 
 __all__ = ["main"]
 

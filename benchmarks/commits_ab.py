@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
-from cli import launch  # noqa: E402
+from benchmarks import launch  # noqa: E402
 
 TAG = "throughput/images_per_sec"
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine, sgd_for, timed_steps  # noqa: E402
 from callbacks.run_record import RunResults, read_run  # noqa: E402
-from cli import launch  # noqa: E402
-from cli.shorthand import named_class  # noqa: E402
+from benchmarks import launch  # noqa: E402
+from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
 
 # train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory). The memory
 # format is explicit in every row: configs/default.yaml trains NHWC, the bare loop of `table` NCHW.

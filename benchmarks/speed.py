@@ -50,10 +50,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from callbacks.run_record import RunResults, read_run  # noqa: E402
-from cli import launch  # noqa: E402
+from benchmarks import launch  # noqa: E402
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
 from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
-from cli.shorthand import named_class  # noqa: E402
+from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.

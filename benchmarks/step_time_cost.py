@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
 from callbacks.run_record import read_run  # noqa: E402
-from cli import launch  # noqa: E402
+from benchmarks import launch  # noqa: E402
 
 
 def config_without_breakdown(folder: Path) -> Path:

@@ -3,7 +3,7 @@
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.stop_delay [--trials 3] [-- --check_every_n_steps 10]
 
 The worst case is the save and exit plus ``--check_every_n_steps`` optimizer steps (the ranks act on a signal at
-their next decision point, runtime/agreement.py); random moments land anywhere in between.
+their next decision point, fashion_mnist_dp/runtime/agreement.py); random moments land anywhere in between.
 """
 
 import argparse
@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from cli import launch  # noqa: E402
+from benchmarks import launch  # noqa: E402
 
 
 def one_trial(extra, after_s: float) -> tuple:

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from callbacks.run_record import RunResults, read_run  # noqa: E402
-from cli import launch  # noqa: E402
+from benchmarks import launch  # noqa: E402
 
 
 def train(args, threads=None) -> RunResults:

@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning_modules.ghost_batch_norm import is_ghost, use_ghost_batch_norm
 from datamodules.augment import run_seed
 from lightning_modules.optim import add_gradient_noise
-from strategies import FullyShardedStrategy
+from fashion_mnist_dp.strategies import FullyShardedStrategy
 
 
 class GhostBatchNorm(Callback):

@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 
 
 class HostMetrics:
-    """``get_metrics`` of both bars: the mean training loss of the last decision point (runtime/agreement.py) and
+    """``get_metrics`` of both bars: the mean training loss of the last decision point (fashion_mnist_dp/runtime/agreement.py) and
     this rank's images/sec since the epoch began × the world size (the epoch line has the measured figure)."""
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> Dict[str, str]:

@@ -17,7 +17,7 @@ from lightning.pytorch.loggers import Logger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 
-from runtime import compat
+from fashion_mnist_dp.runtime import compat
 from lightning_modules.batch_plan import describe_run
 
 FILE_NAME = "metrics.csv"

@@ -17,7 +17,7 @@ from torch.utils.tensorboard.summary import custom_scalars
 
 from callbacks import step_time
 from callbacks.run_record import EpochRecord
-from runtime import compat
+from fashion_mnist_dp.runtime import compat
 
 
 @dataclass
@@ -124,7 +124,7 @@ def format_epoch_line(record: EpochRecord) -> str:
 
 def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
     """Already-gathered global values straight to the loggers, rank 0 only (``self.log`` would reduce them again), at the
-    step just taken, beside ``val/*``: an epoch's figures stay below the step a resume purges from (runtime/resume.py)."""
+    step just taken, beside ``val/*``: an epoch's figures stay below the step a resume purges from (fashion_mnist_dp/runtime/resume.py)."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=max(trainer.global_step - 1, 0))

@@ -11,7 +11,7 @@ read from the run's own records, never recomputed:
 * the exit code (70: training diverged). Nothing is read from stdout.
 
 Ranks: ``devices`` processes per run. Up to ``max_ranks_per_node`` (default: the most ``--devices``
-accepts on CPU, 8 per core, cli/checks.py) they are one ``train.py --strategy ddp --devices N``
+accepts on CPU, 8 per core, fashion_mnist_dp/cli/checks.py) they are one ``train.py --strategy ddp --devices N``
 (Lightning starts the ranks). Beyond it, the run is split into k "nodes" on 127.0.0.1, each one
 ``torchrun --nnodes k --node_rank i`` of ``train.py --devices N/k --num_nodes k``. More processes
 than cores share the cores: time figures then measure contention, not scaling. Every process
@@ -22,7 +22,7 @@ runs with ``OMP_NUM_THREADS=1`` (``--threads``): one process stands for one devi
 
 Verdicts (``verdict``), stated so a table can be read without this file:
 
-* diverged: exit code 70 (runtime/divergence.py: non-finite loss, gradient or weights, or val acc at
+* diverged: exit code 70 (fashion_mnist_dp/runtime/divergence.py: non-finite loss, gradient or weights, or val acc at
   chance an epoch after warm-up), or a non-finite val loss or val acc in the record;
 * degraded: best val acc more than ``margin`` (default 0.02) below the best run of the same table;
 * converged: otherwise (within ``margin`` of the best run at this budget: not "trained to the end");
@@ -45,10 +45,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from callbacks.run_record import read_epochs, run_dirs
-from cli import launch
-from cli.checks import CPU_RANKS_PER_CORE
-from cli.outputs import short_name
-from runtime.errors import ExitCode
+from benchmarks import launch
+from fashion_mnist_dp.cli.checks import CPU_RANKS_PER_CORE
+from fashion_mnist_dp.cli.outputs import short_name
+from fashion_mnist_dp.runtime.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_PY = REPO / "train.py"

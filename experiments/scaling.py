@@ -165,7 +165,7 @@ def contention(network: str, batch: int, processes: int, seconds: float = 4.0, r
 def train_run(devices: int, network: str, batch: int, subset: int, epochs: int) -> dict:
     """train.py with ``devices`` CPU ranks of one thread each; its steady epochs (2..) from metrics.csv."""
     from callbacks.run_record import read_rows, run_dirs
-    from cli import launch
+    from benchmarks import launch
 
     def read(folder: Path):
         run = run_dirs(folder / "runs")[-1]

@@ -1,6 +1,6 @@
 """The shipped networks for 1×28×28 images, each a plain ``nn.Module`` class that a config names by class path
 (``model.network: {class_path: lightning_modules.networks.FastCNN}``); any other ``nn.Module`` works the same way.
-The short names of ``--network`` are cli/shorthand.py's table."""
+The short names of ``--network`` are fashion_mnist_dp/cli/shorthand.py's table."""
 
 import torch
 from torch import nn

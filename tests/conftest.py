@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cli import launch
-from cli.launch import REPO, TRAIN_PY  # noqa: F401 (tests import them from here)
+from benchmarks import launch
+from benchmarks.launch import REPO, TRAIN_PY  # noqa: F401 (tests import them from here)
 from tests.idx_files import write_fashion_mnist
 
 
@@ -81,7 +81,7 @@ UNPRIVILEGED_UID = 65534  # nobody
 
 
 def run_train(args, cwd: Path, timeout: float = 240, env=None, unprivileged: bool = False) -> launch.Finished:
-    """``python train.py ARGS`` as a user runs it, in ``cwd``, with a hard timeout (cli/launch.py).
+    """``python train.py ARGS`` as a user runs it, in ``cwd``, with a hard timeout (benchmarks/launch.py).
 
     ``unprivileged``: when this suite runs as root, run as user nobody, so that file modes apply.
     """

@@ -76,7 +76,7 @@ class PerBatch(Callback):
 
 
 def main() -> int:
-    from cli.app import main as train_main
+    from fashion_mnist_dp.cli.app import main as train_main
     from tests import (
         host_reads,  # the module the callback is imported from (this one runs as __main__)
     )

@@ -236,7 +236,7 @@ class HangRank(Callback):
 class SignalAt(Callback):
     """Fault injection: global rank ``rank`` sends itself ``signal`` (a name, default SIGTERM) just before optimizer
     step ``step`` runs, as a scheduler's preemption would; the ranks act on it at the next decision point
-    (runtime/agreement.py: step ``step`` itself with ``--check_every_n_steps 1``).
+    (fashion_mnist_dp/runtime/agreement.py: step ``step`` itself with ``--check_every_n_steps 1``).
 
     With ``batch`` instead of ``step``: just before training batch ``batch`` (counted from 1 over the whole run),
     even one after which no optimizer step runs (``accumulate_grad_batches`` > 1)."""
@@ -399,7 +399,7 @@ class SigtermAt(Callback):
         self._sent = False
 
     def setup(self, trainer, pl_module, stage):
-        from runtime import errors, preemption
+        from fashion_mnist_dp.runtime import errors, preemption
 
         self.record = Path(os.environ["SAMPLE_RECORD_DIR"])
         (self.record / f"pid{trainer.global_rank}").write_text(str(os.getpid()))
@@ -425,7 +425,7 @@ class SigtermAt(Callback):
         preemption.requeue, errors.print_line = requeue_then_signal, signal_then_print
 
     def _at(self, stage: str) -> None:
-        from runtime.preemption import SIGNALS, received
+        from fashion_mnist_dp.runtime.preemption import SIGNALS, received
 
         if stage != self.stage or self._sent or not received()[SIGNALS.index(signal.SIGUSR1)]:
             return
@@ -476,7 +476,7 @@ class SlowAllReduce(Callback):
     def setup(self, trainer, pl_module, stage):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        from runtime import compat
+        from fashion_mnist_dp.runtime import compat
 
         seconds = self.seconds
 

@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cli.launch import clean_env, running_in, start_all, stop
+from benchmarks.launch import clean_env, running_in, start_all, stop
 from tests.conftest import TRAIN_PY, run_train, experiment_dir
 
 # torchrun restarts in tests/test_restarts.py: one per attempt but the last, 10 as docs/reliability.md promises (each

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.epoch_lines import parse_epoch_lines
-from runtime.checkpoint_io import verify
+from fashion_mnist_dp.runtime.checkpoint_io import verify
 from tests.conftest import experiment_dir, run_train
 from tests.unit.test_checkpoint_io import flip_bytes
 

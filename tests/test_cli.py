@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from cli.launch import clean_env, start_all, wait_all
+from benchmarks.launch import clean_env, start_all, wait_all
 from tests.conftest import TRAIN_PY, run_train
 
 

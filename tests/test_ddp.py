@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from cli.launch import clean_env, start_all, wait_all
+from benchmarks.launch import clean_env, start_all, wait_all
 from tests.conftest import TRAIN_PY, run_train, experiment_dir
 from tests.test_training import epoch_lines
 
@@ -56,7 +56,7 @@ def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
 
 
 def test_a_ddp_run_prints_no_deprecation_warning_from_our_calls(ddp_run):
-    """torch 2.14 deprecates all_gather_into_tensor: runtime/agreement.py's gather printed a FutureWarning twice
+    """torch 2.14 deprecates all_gather_into_tensor: fashion_mnist_dp/runtime/agreement.py's gather printed a FutureWarning twice
     per rank before it used all_gather_single."""
     _, result, _ = ddp_run
     assert "FutureWarning" not in result.stderr and "DeprecationWarning" not in result.stderr, result.stderr[-3000:]

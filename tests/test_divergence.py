@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from cli.launch import clean_env, free_port, running_in, start_all, wait_all
+from benchmarks.launch import clean_env, free_port, running_in, start_all, wait_all
 from callbacks.run_record import read_epochs
 from tests.conftest import TRAIN_PY, experiment_dir, run_train
 

@@ -4,7 +4,7 @@ of dp's tests are in-process: tests/unit/test_dp.py)."""
 import pytest
 import torch
 
-from strategies.dp import NO_GPU_MESSAGE
+from fashion_mnist_dp.strategies.dp import NO_GPU_MESSAGE
 from tests.conftest import run_train
 
 CUDA = torch.cuda.is_available()

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from cli.launch import clean_env, running_in, start_all, wait_all
+from benchmarks.launch import clean_env, running_in, start_all, wait_all
 from tests.conftest import TRAIN_PY, run_train, experiment_dir
 
 TIMEOUT_S = 120

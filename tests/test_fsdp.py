@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from cli.launch import REPO, free_port
+from benchmarks.launch import REPO, free_port
 from tests.conftest import run_train, experiment_dir
 from tests.test_equivalence import DDP2, MOMENTUM
 
@@ -106,7 +106,7 @@ LOAD_IN_A_GROUP_OF_ONE = """
 import sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from lightning.pytorch import LightningModule
-from strategies.fsdp import FullyShardedStrategy
+from fashion_mnist_dp.strategies.fsdp import FullyShardedStrategy
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
 module = LightningModule()
 module.layer = fully_shard(torch.nn.Linear(2, 2))

@@ -5,7 +5,7 @@ after fit included), and not at all between decision points."""
 import json
 import sys
 
-from cli.launch import REPO, clean_env, start_all, wait_all
+from benchmarks.launch import REPO, clean_env, start_all, wait_all
 from tests.idx_files import write_fashion_mnist
 
 STEPS_PER_EPOCH = 469  # the default run: 60,000 images at batch 128 (here 938 at batch 2)

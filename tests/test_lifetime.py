@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.launch import (
+from benchmarks.launch import (
     TRAIN_PY,
     _alive,
     clean_env,
@@ -21,7 +21,7 @@ from cli.launch import (
     start_all,
     wait_all,
 )
-from runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV, die_with_parent
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV, die_with_parent
 from tests.test_preemption import argv, start_launcher
 
 TEST_TIMEOUT_S = 20

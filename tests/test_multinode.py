@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.launch import clean_env, free_port, start_all, wait_all
+from benchmarks.launch import clean_env, free_port, start_all, wait_all
 from tests.conftest import TRAIN_PY, experiment_dir
 from tests.test_training import epoch_lines
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli.launch import (
+from benchmarks.launch import (
     clean_env,
     free_port,
     process_tree,
@@ -24,7 +24,7 @@ from cli.launch import (
     start_all,
     wait_all,
 )
-from runtime.checkpoint_io import verify
+from fashion_mnist_dp.runtime.checkpoint_io import verify
 from tests.conftest import TRAIN_PY, experiment_dir
 
 pytestmark = pytest.mark.multiprocess
@@ -105,7 +105,7 @@ def assert_stopped_by_sigterm(job, tmp_path, took: float) -> dict:
 def test_sigterm_to_the_launcher_stops_both_ranks_with_143_and_a_verified_last_ckpt_then_resume(tmp_path,
                                                                                                   fashion_root):
     job = start_launcher(tmp_path, fashion_root)
-    # rank 0 only: rank 1 learns it at the next decision point (runtime/agreement.py: every check_every_n_steps
+    # rank 0 only: rank 1 learns it at the next decision point (fashion_mnist_dp/runtime/agreement.py: every check_every_n_steps
     # optimizer steps, at validation and epoch end, before a checkpoint is written)
     took = signal_and_wait([job], lambda: os.kill(job.proc.pid, signal.SIGTERM))
     assert job.returncode == PREEMPTED, job.tail()
@@ -203,7 +203,7 @@ def test_ctrl_c_to_the_process_group_stops_cleanly_with_130_and_a_checkpoint(tmp
 
 def test_sigterm_to_rank_1_only_stops_both_ranks_at_the_same_step_with_143(tmp_path, fashion_root):
     """A scheduler (or a user) that signals one non-zero rank: rank 1 notes it, the next decision point's all_gather
-    (runtime/agreement.py) tells rank 0, and both stop at the same step after rank 0 saved and verified last.ckpt;
+    (fashion_mnist_dp/runtime/agreement.py) tells rank 0, and both stop at the same step after rank 0 saved and verified last.ckpt;
     each rank records the step it stopped at (tests.recorder.StopStep). (Lightning 2.6.6 ran a broadcast inside
     rank 1's signal handler: the ranks desynchronised until the process-group timeout.)"""
     job = start_launcher(tmp_path, fashion_root, extra=("--trainer.callbacks+=tests.recorder.StopStep",))

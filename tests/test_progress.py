@@ -11,7 +11,7 @@ import sys
 import termios
 import time
 
-from cli.launch import TRAIN_PY, clean_env
+from benchmarks.launch import TRAIN_PY, clean_env
 
 ARGS = ["--network", "mlp", "--epochs", "2", "--batch_size", "8", "--test_after_fit", "false",
         "--check_every_n_steps", "5"]

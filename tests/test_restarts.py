@@ -5,7 +5,7 @@ ending with exactly the weights and the final step of a clean run; TensorBoard t
 One job, ``RESTARTS`` restarts (10; tests/seeded_runs.py, ``FASHION_MNIST_TEST_RESTARTS=3`` for fewer): in attempt k rank 1
 kills itself 2 steps after the end of epoch k+1 (tests.recorder.KillAfterCheckpoint), so attempt k+1 must start at
 step 4(k+1). torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, as docs/reliability.md tells users to:
-without it, restarts failed to connect or hung in gloo's connect (strategies/torchrun.py).
+without it, restarts failed to connect or hung in gloo's connect (fashion_mnist_dp/strategies/torchrun.py).
 """
 
 import json
@@ -17,8 +17,8 @@ from tensorboard.backend.event_processing.plugin_event_accumulator import (
 )
 from tensorboard.util import tensor_util
 
-from cli.launch import clean_env, start_all
-from runtime.lifetime import DISABLE_SHARED_STORE
+from benchmarks.launch import clean_env, start_all
+from fashion_mnist_dp.runtime.lifetime import DISABLE_SHARED_STORE
 from tests.conftest import TRAIN_PY, experiment_dir
 from tests.seeded_runs import (
     DDP,

@@ -3,7 +3,7 @@ traceback (SLURM's variables as srun sets them; the real srun is in docs/running
 
 import pytest
 
-from cli.launch import clean_env
+from benchmarks.launch import clean_env
 from tests.conftest import run_train
 
 SRUN_N2 = {"SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train",

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from cli.launch import free_port
+from benchmarks.launch import free_port
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")

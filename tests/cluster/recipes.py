@@ -10,8 +10,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from cli.launch import REPO, TRAIN_PY
-from runtime.checkpoint_io import verify
+from benchmarks.launch import REPO, TRAIN_PY
+from fashion_mnist_dp.runtime.checkpoint_io import verify
 from tests.conftest import experiment_dir
 
 DOC = REPO / "docs" / "running-on-clusters.md"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.launch import REPO
+from benchmarks.launch import REPO
 from tests.cluster.conftest import REQUIRE_SLURM, skip_or_fail
 from tests.cluster.local_slurm import LocalSlurm, _alive, install_reason
 

@@ -14,7 +14,7 @@ from typing import Dict, List
 
 import pytest
 
-from cli.launch import TRAIN_PY, clean_env, running_in
+from benchmarks.launch import TRAIN_PY, clean_env, running_in
 from tests.cluster import recipes
 from tests.cluster.local_slurm import CRED_EXPIRE_S
 from tests.cluster.recipes import STEPS_PER_EPOCH, assert_same_weights, final_checkpoint, sbatch_script

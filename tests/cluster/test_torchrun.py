@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from cli.launch import clean_env, free_port, running_in, start_all, wait_all
+from benchmarks.launch import clean_env, free_port, running_in, start_all, wait_all
 from tests.cluster.recipes import (SEEDED, STEPS_PER_EPOCH, assert_same_weights, final_checkpoint,
                                    torchrun_recipe)
 

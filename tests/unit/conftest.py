@@ -8,10 +8,10 @@ import torch
 from lightning.pytorch import Trainer
 
 from datamodules import FashionMNISTDataModule
-from cli.checks import import_class
-from cli.shorthand import CLASS_NAMES
+from fashion_mnist_dp.cli.checks import import_class
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules import FashionMNISTClassifier, LRPolicy
-from runtime import preemption
+from fashion_mnist_dp.runtime import preemption
 
 
 def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD, momentum: float = 0.9,

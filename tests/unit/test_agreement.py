@@ -8,8 +8,8 @@ import torch
 from lightning.pytorch import Callback, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-import runtime
-from runtime.agreement import (
+from fashion_mnist_dp import runtime
+from fashion_mnist_dp.runtime.agreement import (
     BEFORE_SAVE,
     EPOCH_END,
     TRAIN_STEP,
@@ -17,8 +17,8 @@ from runtime.agreement import (
     Agreement,
     Participant,
 )
-from runtime.checkpoint_io import verify
-from runtime.divergence import (
+from fashion_mnist_dp.runtime.checkpoint_io import verify
+from fashion_mnist_dp.runtime.divergence import (
     advice,
     finite_sum,
     first_non_finite,
@@ -26,7 +26,7 @@ from runtime.divergence import (
     merge,
     past_warmup,
 )
-from runtime.errors import ExitCode, Preempted, TrainingDiverged
+from fashion_mnist_dp.runtime.errors import ExitCode, Preempted, TrainingDiverged
 from tests.unit.conftest import tiny_fit
 
 

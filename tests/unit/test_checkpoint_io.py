@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli import app as train
-from runtime.checkpoint_io import VerifiedCheckpointIO, load, newest_valid, verify
-from runtime.errors import CheckpointCorruptError, CheckpointWriteError
+from fashion_mnist_dp.cli import app as train
+from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO, load, newest_valid, verify
+from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointWriteError
 
 
 def flip_bytes(path: Path, offset: int, count: int = 16) -> None:

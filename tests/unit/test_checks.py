@@ -1,11 +1,11 @@
-"""cli/checks.py with any machine's counts: the GPU cases run here without a GPU."""
+"""fashion_mnist_dp/cli/checks.py with any machine's counts: the GPU cases run here without a GPU."""
 
 import pytest
 import torch
 
-from cli.app import main
-from cli.checks import check_devices, integer_batch_limits, unwritable_reason
-from runtime.errors import ConfigError
+from fashion_mnist_dp.cli.app import main
+from fashion_mnist_dp.cli.checks import check_devices, integer_batch_limits, unwritable_reason
+from fashion_mnist_dp.runtime.errors import ConfigError
 
 
 @pytest.mark.parametrize("devices", [1, "2", 2, -1, "-1", "auto", None, [0, 1], "0,1", "[1]"])
@@ -91,8 +91,8 @@ SRUN = {"SLURM_PROCID": "0", "SLURM_JOB_NAME": "train", "SLURM_NNODES": "1"}
     ({}, 2, 1, None),  # not under SLURM
 ])
 def test_a_slurm_task_layout_that_disagrees_with_the_trainer_is_one_line(environ, devices, nodes, expected):
-    from cli.checks import parse_devices
-    from cli.slurm import check_slurm_layout
+    from fashion_mnist_dp.cli.checks import parse_devices
+    from fashion_mnist_dp.cli.slurm import check_slurm_layout
 
     found = check_slurm_layout(environ, parse_devices(devices), nodes)
     assert found == expected if expected is None else expected in found

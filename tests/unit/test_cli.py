@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli import app as train
-from cli.checkpoint_hparams import flat
+from fashion_mnist_dp.cli import app as train
+from fashion_mnist_dp.cli.checkpoint_hparams import flat
 from tests.conftest import REPO
 
 CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
@@ -104,7 +104,7 @@ BAD_VALUES = [
     (["--epochs", "2", "--trainer.max_epochs", "3"], "conflicting values"),
     (["--no_such_flag", "1"], "unrecognized arguments"),
     (["--strategy", "fsdp", "--optimizer", "novograd"], "--optimizer novograd keeps a plain tensor beside fsdp's"),
-    # Accepted by Lightning or jsonargparse, refused by train.py (cli/checks.py, the classifier).
+    # Accepted by Lightning or jsonargparse, refused by train.py (fashion_mnist_dp/cli/checks.py, the classifier).
     (["--devices", "-1", "--accelerator", "cpu"], "trainer.devices (--devices) is -1 (every GPU), but the accelerator is cpu"),
     (["--devices", "0,1", "--accelerator", "cpu"], "is '0,1', a list of GPU indices, but the accelerator is cpu"),
     (["--devices", "two"], "trainer.devices (--devices) is 'two': give a number, auto, -1 or a list of GPU indices"),

@@ -1,4 +1,4 @@
-"""Every private Lightning attribute we rely on is in runtime/compat.py, and is still there in the installed Lightning."""
+"""Every private Lightning attribute we rely on is in fashion_mnist_dp/runtime/compat.py, and is still there in the installed Lightning."""
 
 import ast
 from pathlib import Path
@@ -7,19 +7,19 @@ import lightning
 import pytest
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from runtime import compat
+from fashion_mnist_dp.runtime import compat
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE = [p for folder in ("cli", "runtime", "callbacks", "datamodules", "lightning_modules", "strategies")
+SOURCE = [p for folder in ("fashion_mnist_dp", "callbacks", "datamodules", "lightning_modules")
           for p in (REPO / folder).rglob("*.py")] + [REPO / "train.py"]
-# Hooks of Lightning's strategy classes that strategies/ overrides, and may call on super().
+# Hooks of Lightning's strategy classes that fashion_mnist_dp/strategies/ overrides, and may call on super().
 OVERRIDDEN_HOOKS = {"_configure_launcher"}
 
 
 def test_every_private_attribute_relied_on_is_still_there():
     gone = compat.missing()
-    assert gone == [], (f"Lightning {lightning.__version__} no longer has {', '.join(gone)} (runtime/compat.py was "
-                        f"checked against {compat.CHECKED_AGAINST}): adapt runtime/compat.py")
+    assert gone == [], (f"Lightning {lightning.__version__} no longer has {', '.join(gone)} (fashion_mnist_dp/runtime/compat.py was "
+                        f"checked against {compat.CHECKED_AGAINST}): adapt fashion_mnist_dp/runtime/compat.py")
 
 
 def test_a_removed_attribute_is_named(monkeypatch):

@@ -10,8 +10,8 @@ import pytest
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from cli import app as train
-from cli.app import main
+from fashion_mnist_dp.cli import app as train
+from fashion_mnist_dp.cli.app import main
 from datamodules import FashionMNISTDataModule
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD
 from datamodules.files import CorruptDataError, default_data_dir, torchvision_root
@@ -161,8 +161,8 @@ def test_the_test_after_fit_uses_the_last_epoch_when_validation_is_the_test_spli
 def test_train_subset_accepts_every_training_image_left_and_not_one_more(fashion_root, subset, val_size, refused):
     """The tiny data has 256 training images; --data.val_size holds some out first. The pre-launch check and the
     data module's own setup draw the line at the same count."""
-    from cli.checks import check_train_subset
-    from runtime.errors import ConfigError
+    from fashion_mnist_dp.cli.checks import check_train_subset
+    from fashion_mnist_dp.runtime.errors import ConfigError
     config = SimpleNamespace(data_dir=str(fashion_root), train_subset=subset, val_size=val_size)
     dm = FashionMNISTDataModule(data_dir=str(fashion_root), download=False, train_subset=subset, val_size=val_size)
     message = rf"--data.train_subset {subset} is more than the {256 - val_size} training images"

@@ -1,4 +1,4 @@
-"""The documentation does not drift from the code: the shorthand table is cli/shorthand.py's, and every
+"""The documentation does not drift from the code: the shorthand table is fashion_mnist_dp/cli/shorthand.py's, and every
 ``python train.py`` command in README.md and docs/cli.md parses."""
 
 import re
@@ -6,9 +6,9 @@ import shlex
 
 import pytest
 
-from cli.app import main
-from cli.launch import REPO
-from cli.shorthand import SHORTHAND_TABLE
+from fashion_mnist_dp.cli.app import main
+from benchmarks.launch import REPO
+from fashion_mnist_dp.cli.shorthand import SHORTHAND_TABLE
 
 COMMANDS = [line.strip() for name in ("README.md", "docs/cli.md") for line in (REPO / name).read_text().splitlines()
             if line.strip().startswith("python train.py")]

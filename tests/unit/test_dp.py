@@ -23,10 +23,10 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import StrategyRegistry
 
 from callbacks import ThroughputReport
-from cli import app as train
+from fashion_mnist_dp.cli import app as train
 from datamodules import FashionMNISTDataModule
-from strategies import DataParallelStrategy, register_strategies
-from strategies.dp import NO_GPU_MESSAGE
+from fashion_mnist_dp.strategies import DataParallelStrategy, register_strategies
+from fashion_mnist_dp.strategies.dp import NO_GPU_MESSAGE
 from tests.conftest import REPO
 from tests.unit.conftest import classifier
 
@@ -73,7 +73,7 @@ def non_seed_lines(stderr):
         ["--strategy", "dp", "--devices", "0,2"],
         ["--config", str(REPO / "configs" / "strategy" / "dp.yaml")],
         ["--strategy", "DP"],
-        ["--trainer.strategy", '{"class_path": "strategies.DataParallelStrategy"}'],  # the strategy's own check
+        ["--trainer.strategy", '{"class_path": "fashion_mnist_dp.strategies.DataParallelStrategy"}'],  # the strategy's own check
     ],
     ids=lambda args: " ".join(a.replace(str(REPO) + "/", "").replace('"', "") for a in args),
 )

@@ -6,8 +6,8 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from datamodules.files import CorruptDataError, DataNotFoundError
-from runtime import errors
-from runtime.errors import reported
+from fashion_mnist_dp.runtime import errors
+from fashion_mnist_dp.runtime.errors import reported
 
 # README's exit-code table, class by class.
 TABLE = [

@@ -9,8 +9,8 @@ from torch import nn
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from callbacks import GhostBatchNorm
-from cli.checks import import_class
-from cli.shorthand import CLASS_NAMES
+from fashion_mnist_dp.cli.checks import import_class
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules.ghost_batch_norm import GhostBatchNorm2d, use_ghost_batch_norm
 from lightning_modules.networks import SmallCNN
 from tests.unit.conftest import classifier, tiny_fit

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 
-from runtime.faults import describe_fault
-from runtime.lifetime import (
+from fashion_mnist_dp.runtime.faults import describe_fault
+from fashion_mnist_dp.runtime.lifetime import (
     DEFAULT_TIMEOUT_S,
     DISABLE_SHARED_STORE,
     PEER_FAILED,
@@ -23,7 +23,7 @@ from runtime.lifetime import (
     shared_store_warning,
     srun_step,
 )
-from strategies import register_strategies
+from fashion_mnist_dp.strategies import register_strategies
 
 # torch 2.14's messages for these faults (gloo, TCPStore), as the ranks above saw them.
 FAULTS = {

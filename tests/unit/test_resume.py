@@ -17,10 +17,10 @@ from datamodules.resumable import (
     ResumableLoader,
     check_position,
 )
-from runtime.checkpoint_io import VerifiedCheckpointIO
-from runtime.compat import tensorboard_purge_step
-from runtime.errors import CheckpointCorruptError, CheckpointNotFoundError
-from runtime.resume import (
+from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
+from fashion_mnist_dp.runtime.compat import tensorboard_purge_step
+from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNotFoundError
+from fashion_mnist_dp.runtime.resume import (
     Resume,
     TensorBoardRun,
     capture,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cli.shorthand import SHORTHAND, expand_args, find_subcommand
-from runtime.errors import ShorthandError
+from fashion_mnist_dp.cli.shorthand import SHORTHAND, expand_args, find_subcommand
+from fashion_mnist_dp.runtime.errors import ShorthandError
 
 
 def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():

@@ -3,7 +3,7 @@
 
 
 from callbacks.stop_at_target import TargetStreak
-from cli.shorthand import expand_args
+from fashion_mnist_dp.cli.shorthand import expand_args
 
 
 def test_streak_counts_consecutive_epochs_at_or_above_target():

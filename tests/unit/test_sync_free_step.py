@@ -5,7 +5,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-import runtime
+from fashion_mnist_dp import runtime
 from tests.unit.conftest import tiny_fit
 
 EVERY = 200  # decision and log interval: no decision or log step inside the checked window

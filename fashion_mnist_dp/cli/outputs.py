@@ -10,8 +10,8 @@ from typing import Any, List, Optional
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from cli.checks import import_class, parse_devices, resolved_accelerator
-from cli.shorthand import CLASS_NAMES
+from fashion_mnist_dp.cli.checks import import_class, parse_devices, resolved_accelerator
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 
 DEFAULT_ROOT = "runs"
 

@@ -1,6 +1,6 @@
 """Preemption: SIGTERM, SLURM's SIGUSR1 or Ctrl-C stop every rank at the same step with a verified ``last.ckpt``.
 
-The handlers only note the signal. At the next decision point (runtime/agreement.py) the ranks learn
+The handlers only note the signal. At the next decision point (fashion_mnist_dp/runtime/agreement.py) the ranks learn
 what any of them received; then the stop runs in this order, and no rank exits before its end:
 every rank takes part in saving ``last.ckpt`` (rank 0 writes it and reads it back against its sha256);
 rank 0 runs ``scontrol requeue`` once for SIGUSR1 under SLURM and prints the stop's line; a barrier; every rank
@@ -12,7 +12,7 @@ Outside training there is no step to stop at: 143 or 130 at once, with one line,
 A second Ctrl-C during training, before a stop is under way, stops at once.
 Under srun, SIGUSR2 from a failed task of the same step (runtime.lifetime.end_peer_tasks) ends this task at once,
 in or outside training, with one line and exit 1: the failed task's own line and code say why.
-Lightning's own handlers are off (runtime/compat.py).
+Lightning's own handlers are off (fashion_mnist_dp/runtime/compat.py).
 """
 
 import os
@@ -28,11 +28,11 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from runtime import compat, errors
-from runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
-from runtime.checkpoint_io import sidecar_path, verify
-from runtime.errors import ExitCode, Preempted
-from runtime.lifetime import PEER_FAILED, probably_global_rank_zero, srun_step
+from fashion_mnist_dp.runtime import compat, errors
+from fashion_mnist_dp.runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
+from fashion_mnist_dp.runtime.checkpoint_io import sidecar_path, verify
+from fashion_mnist_dp.runtime.errors import ExitCode, Preempted
+from fashion_mnist_dp.runtime.lifetime import PEER_FAILED, probably_global_rank_zero, srun_step
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
 _received = [False, False, False]  # per SIGNALS, in this process

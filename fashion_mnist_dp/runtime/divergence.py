@@ -2,7 +2,7 @@
 
 Lightning trains on with a NaN loss to the last epoch and exits 0. Here each rank notes, on the device
 and without reading anything back, the first optimizer step at which its loss or (its shard of) the
-gradients was not finite; at each decision point (runtime/agreement.py) it adds whether its weights and
+gradients was not finite; at each decision point (fashion_mnist_dp/runtime/agreement.py) it adds whether its weights and
 batch-norm statistics are finite now, and after validation whether accuracy is at chance one epoch
 after warm-up. Any rank's report stops every rank: :class:`~runtime.errors.TrainingDiverged`, exit 70.
 """
@@ -13,12 +13,12 @@ from typing import List, Optional, Sequence
 import torch
 from lightning.pytorch import LightningModule, Trainer
 
-from runtime import compat
-from runtime.agreement import VALIDATION, Participant
-from runtime.errors import TrainingDiverged
-from runtime.faults import no_checkpoint_on_exception
+from fashion_mnist_dp.runtime import compat
+from fashion_mnist_dp.runtime.agreement import VALIDATION, Participant
+from fashion_mnist_dp.runtime.errors import TrainingDiverged
+from fashion_mnist_dp.runtime.faults import no_checkpoint_on_exception
 from lightning_modules.optim import local_shard
-from strategies import is_fsdp
+from fashion_mnist_dp.strategies import is_fsdp
 
 CHANCE_ACCURACY = 0.11  # 10 classes: 0.10, plus what a constant prediction gets on a slightly uneven split
 NONE = -1.0

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from runtime.errors import CheckpointCorruptError, CheckpointWriteError
+from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointWriteError
 
 SUFFIX = ".sha256"
 CHUNK = 1 << 20

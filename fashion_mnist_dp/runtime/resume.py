@@ -15,8 +15,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from runtime import checkpoint_io, compat, lifetime
-from runtime.errors import CheckpointCorruptError, CheckpointNotFoundError, NothingToTrain, one_line
+from fashion_mnist_dp.runtime import checkpoint_io, compat, lifetime
+from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNotFoundError, NothingToTrain, one_line
 
 KEYWORDS = ("last", "best", "hpc", "registry")  # values of --ckpt_path that name no file
 
@@ -48,7 +48,7 @@ def hpc_checkpoint(root) -> str:
 def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
             attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
     """``last_files``: the ``last*.ckpt`` candidates; ``folders``: the checkpoint folders; ``restarts``/``attempt``:
-    torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py); ``elsewhere``: other experiments'
+    torchrun's ``--max-restarts`` and this attempt's number (fashion_mnist_dp/runtime/lifetime.py); ``elsewhere``: other experiments'
     folders that hold a last checkpoint (named in the error when ``last`` finds none here)."""
     if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)

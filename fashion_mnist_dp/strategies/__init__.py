@@ -3,8 +3,8 @@
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from strategies.dp import NO_GPU_MESSAGE, DataParallelStrategy
-from strategies.fsdp import CPU_NAME, FullyShardedStrategy, is_fsdp, unshardable_optimizer
+from fashion_mnist_dp.strategies.dp import NO_GPU_MESSAGE, DataParallelStrategy
+from fashion_mnist_dp.strategies.fsdp import CPU_NAME, FullyShardedStrategy, is_fsdp, unshardable_optimizer
 
 __all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "NO_GPU_MESSAGE", "is_fsdp",
            "register_strategies", "unshardable_optimizer"]

@@ -12,13 +12,13 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Checkpoint
 
-from runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement, TrainingLoss
-from runtime.checkpoint_io import VerifiedCheckpointIO
-from runtime.divergence import DivergenceGuard
-from runtime.faults import JobFaults
-from runtime.lifetime import LAUNCHER_PID_ENV, PEER_FAILED, die_with_parent, mark_launcher
-from runtime.preemption import SIGNALS, Preemption, install_handlers, watch_outside_training
-from runtime.resume import RngState, TensorBoardRun
+from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement, TrainingLoss
+from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
+from fashion_mnist_dp.runtime.divergence import DivergenceGuard
+from fashion_mnist_dp.runtime.faults import JobFaults
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, PEER_FAILED, die_with_parent, mark_launcher
+from fashion_mnist_dp.runtime.preemption import SIGNALS, Preemption, install_handlers, watch_outside_training
+from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["DEFAULT_CHECK_EVERY_N_STEPS", "install", "guarded_process"]
 

@@ -4,7 +4,7 @@ ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcom
 import importlib
 from typing import Dict, List, Optional, Sequence
 
-from runtime.errors import ShorthandError
+from fashion_mnist_dp.runtime.errors import ShorthandError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 

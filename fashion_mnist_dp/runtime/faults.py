@@ -13,8 +13,8 @@ from typing import Optional
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
-from runtime import compat
-from runtime.lifetime import (TIMEOUT_ENV, collective_timeout, data_worker_timeout, init_data_worker, kill_data_workers,
+from fashion_mnist_dp.runtime import compat
+from fashion_mnist_dp.runtime.lifetime import (TIMEOUT_ENV, collective_timeout, data_worker_timeout, init_data_worker, kill_data_workers,
                               kill_stuck_workers_at_exit)
 
 

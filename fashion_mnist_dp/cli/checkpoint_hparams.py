@@ -14,8 +14,8 @@ from typing import Any, Dict, Iterable, List, Sequence, Set
 
 import yaml
 
-from cli.shorthand import CLASS_NAMES, SHORTHAND
-from runtime.errors import CheckpointRefused
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, SHORTHAND
+from fashion_mnist_dp.runtime.errors import CheckpointRefused
 
 MODEL = "model"
 INTERNAL_KEYS = ("_instantiator",)  # LightningCLI's own entry in the stored hyperparameters

@@ -1,6 +1,6 @@
 """train.py's LightningCLI: wiring only (the default config, links, where the run's files go, what a checkpoint's
 hyperparameters may fill in, the run-time plugins, the test after fit), and ``main``, which turns every error into one
-line and an exit code (runtime/errors.py)."""
+line and an exit code (fashion_mnist_dp/runtime/errors.py)."""
 
 import logging
 import sys
@@ -16,19 +16,19 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-import runtime
+from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
 from callbacks.progress import progress_bar
 from callbacks.run_record import MetricsCSV, RunRecord
-from cli import checkpoint_hparams, outputs
-from cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
-from cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
+from fashion_mnist_dp.cli import checkpoint_hparams, outputs
+from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
+from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
-from runtime import checkpoint_io, compat, errors, lifetime, resume
-from strategies import register_strategies
+from fashion_mnist_dp.runtime import checkpoint_io, compat, errors, lifetime, resume
+from fashion_mnist_dp.strategies import register_strategies
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
 warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
 warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
@@ -66,7 +66,7 @@ class FashionMNISTCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
         """Parse, then decide from the config alone where the run's files go and what ``--ckpt_path`` means (a file,
         or ``last`` in this experiment's checkpoint folder), and check that checkpoint before LightningCLI reads its
-        hyperparameters into the config (runtime/checkpoint_io.py: verified, no code)."""
+        hyperparameters into the config (fashion_mnist_dp/runtime/checkpoint_io.py: verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
         self._batch_limits = integer_batch_limits(args, [str(DEFAULT_CONFIG)])
         self._resumed, self._stored, self._given = resume.Resume(), {}, checkpoint_hparams.given_keys(args)
@@ -91,7 +91,7 @@ class FashionMNISTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         """LightningCLI has put the checkpoint's hyperparameters over the config: the user's given values go back on
-        top (cli/checkpoint_hparams.py), then the config is checked."""
+        top (fashion_mnist_dp/cli/checkpoint_hparams.py), then the config is checked."""
         config = self.config[self.subcommand]
         self._notes: List[str] = []
         if self._stored:
@@ -103,7 +103,7 @@ class FashionMNISTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """A whole number of limit_*_batches / overfit_batches is a number of batches, as in Lightning's Python API
-        (the parsed config holds them as floats: cli/checks.py); ``--progress`` puts our bar in Lightning's place;
+        (the parsed config holds them as floats: fashion_mnist_dp/cli/checks.py); ``--progress`` puts our bar in Lightning's place;
         with no logger configured, TensorBoard logs in ``<default_root_dir>/<run name>/version_<n>``."""
         progress = self.config[self.subcommand].progress
         if progress is None:

@@ -16,8 +16,8 @@ from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from datamodules.files import CorruptDataError, DataNotFoundError
-from runtime.faults import describe_fault
-from runtime.lifetime import end_peer_tasks
+from fashion_mnist_dp.runtime.faults import describe_fault
+from fashion_mnist_dp.runtime.lifetime import end_peer_tasks
 
 
 class ExitCode(IntEnum):
@@ -56,7 +56,7 @@ class ConfigError(UserFacingError, ValueError):
 
 
 class ShorthandError(ConfigError):
-    """The command line cannot be rewritten (cli/shorthand.py)."""
+    """The command line cannot be rewritten (fashion_mnist_dp/cli/shorthand.py)."""
 
 
 class DataError(UserFacingError):
@@ -103,7 +103,7 @@ class NothingToTrain(UserFacingError):
 
 
 class JobFault(UserFacingError):
-    """A fault of the job (runtime/faults.py): every rank that sees it says so; its ranks get 2 s to end."""
+    """A fault of the job (fashion_mnist_dp/runtime/faults.py): every rank that sees it says so; its ranks get 2 s to end."""
     exit_code = ExitCode.TEMPFAIL
     children_grace_s = 2.0
 

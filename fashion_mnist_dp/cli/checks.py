@@ -12,11 +12,11 @@ from typing import Iterable, List, Optional, Sequence, Union
 import torch
 import yaml
 
-from cli.shorthand import CLASS_NAMES
-from cli.slurm import check_slurm_layout
-from runtime.errors import ConfigError, OutputNotWritableError
-from runtime.lifetime import is_launched_rank, launcher_environment
-from strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
+from fashion_mnist_dp.cli.slurm import check_slurm_layout
+from fashion_mnist_dp.runtime.errors import ConfigError, OutputNotWritableError
+from fashion_mnist_dp.runtime.lifetime import is_launched_rank, launcher_environment
+from fashion_mnist_dp.strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
 
 DEVICES_KEY = "trainer.devices (--devices)"
 

@@ -17,7 +17,7 @@ CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not 
 
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's handlers run a broadcast (and SLURM's a save and a requeue) inside the signal handler, and its
-    epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read): runtime/preemption.py
+    epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read): fashion_mnist_dp/runtime/preemption.py
     replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
@@ -29,7 +29,7 @@ def between_optimizer_steps(trainer: Trainer) -> bool:
 
 
 def recreate_train_iterator(trainer: Trainer) -> None:
-    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did (runtime/resume.py)."""
+    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did (fashion_mnist_dp/runtime/resume.py)."""
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:
         iter(fetcher)
@@ -90,7 +90,7 @@ def release_children(trainer: Trainer) -> List[Any]:
 
 def shard_over_every_rank(strategy) -> None:
     """ModelParallelStrategy's "auto" mesh is nodes × devices (data × tensor parallel): FSDP alone wants one
-    data-parallel dimension of every rank (strategies/fsdp.py)."""
+    data-parallel dimension of every rank (fashion_mnist_dp/strategies/fsdp.py)."""
     strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
     strategy._tensor_parallel_size = 1
 
@@ -119,7 +119,7 @@ def _required() -> List[tuple]:
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
         (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"),
         (ModelParallelStrategy(), "_tensor_parallel_size"),
-        # A hook strategies/ overrides: dp's one-process launcher check.
+        # A hook fashion_mnist_dp/strategies/ overrides: dp's one-process launcher check.
         (ParallelStrategy, "_configure_launcher"),
     ]
 

@@ -30,11 +30,11 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict:
         """Lightning's ModelParallelStrategy unpickles the file itself: always without code (``weights_only=True``),
-        whatever the caller asks, as runtime/checkpoint_io.py does for every other strategy."""
+        whatever the caller asks, as fashion_mnist_dp/runtime/checkpoint_io.py does for every other strategy."""
         return super().load_checkpoint(checkpoint_path, weights_only=True)
 
     def setup_environment(self) -> None:
-        from runtime import compat  # here: runtime's guards import this module (local_shard)
+        from fashion_mnist_dp.runtime import compat  # here: runtime's guards import this module (local_shard)
 
         compat.shard_over_every_rank(self)  # a data-parallel mesh of all ranks, not Lightning's nodes × devices
         super().setup_environment()
