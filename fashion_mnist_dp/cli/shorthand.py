@@ -52,6 +52,10 @@ CLASS_NAMES: Dict[str, Dict[str, str]] = {
         "lars": "torch_optimizer.LARS",
     },
 }
+# The base lr each shipped optimizer trains the default recipe with (cnn, batch 128): ``--optimizer NAME`` without
+# ``--lr`` sets it, since a new class keeps the old one's lr (SGD's 0.05 leaves AdamW at 42 % after 40 steps).
+# Measured in docs/cli.md, "Your own network or optimizer".
+KNOWN_GOOD_LR: Dict[str, str] = {"sgd": "0.05", "adamw": "0.001", "novograd": "0.01", "lamb": "0.005", "lars": "0.5"}
 
 
 def class_path(key: str, value: str) -> str:
@@ -145,5 +149,19 @@ def expand_args(argv: Sequence[str]) -> List[str]:
         if len({value for _, value in uses}) > 1 and len({flag for flag, _ in uses}) > 1:
             shown = " and ".join(f"{flag} {value}" for flag, value in uses)
             raise ShorthandError(f"conflicting values for {target[2:]}: {shown}; give it once")
-    return expanded
+    return with_known_good_lr(expanded, given)
+
+
+def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> List[str]:
+    """After a shipped optimizer's class path, its known-good base lr, unless an lr is given (a later flag or
+    ``--config`` still wins: it comes after)."""
+    optimizer, lr = SHORTHAND["--optimizer"], SHORTHAND["--lr"]
+    if lr in given or optimizer not in given:
+        return expanded
+    names = {path: name for name, path in CLASS_NAMES[optimizer].items()}
+    chosen = names.get(given[optimizer][-1][1])
+    if chosen is None:
+        return expanded
+    at = max(i for i, token in enumerate(expanded) if token == optimizer) + 2
+    return [*expanded[:at], lr, KNOWN_GOOD_LR[chosen], *expanded[at:]]
 

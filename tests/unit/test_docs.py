@@ -8,7 +8,7 @@ import pytest
 
 from fashion_mnist_dp.cli.app import main
 from benchmarks.launch import REPO
-from fashion_mnist_dp.cli.shorthand import SHORTHAND_TABLE
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, KNOWN_GOOD_LR, SHORTHAND_TABLE
 
 COMMANDS = [line.strip() for name in ("README.md", "docs/cli.md") for line in (REPO / name).read_text().splitlines()
             if line.strip().startswith("python train.py")]
@@ -18,6 +18,15 @@ def test_the_shorthand_table_in_docs_cli_is_the_one_the_code_uses():
     rows = re.findall(r"^\| `(--\w+)` \| `(--[\w.]+)` \| `(--\w+) ([^`]+)` \|$", (REPO / "docs/cli.md").read_text(), re.M)
     assert {short: (full, example) for short, full, _, example in rows} == SHORTHAND_TABLE
     assert all(short == again for short, _, again, _ in rows)
+
+
+def test_the_short_name_tables_in_docs_cli_are_the_ones_the_code_uses():
+    text = (REPO / "docs/cli.md").read_text()
+    networks = dict(re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \|$", text, re.M))
+    optimizers = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \| ([\d.]+) \|", text, re.M)
+    assert networks == CLASS_NAMES["--model.network"]
+    assert {name: path for name, path, _ in optimizers} == CLASS_NAMES["--model.optimizer"]
+    assert {name: lr for name, _, lr in optimizers} == KNOWN_GOOD_LR
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fashion_mnist_dp.cli.shorthand import SHORTHAND, expand_args, find_subcommand
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, KNOWN_GOOD_LR, SHORTHAND, expand_args, find_subcommand
 from fashion_mnist_dp.runtime.errors import ShorthandError
 
 
@@ -18,17 +18,31 @@ def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():
 
 def test_every_documented_shorthand_is_rewritten_with_equals_form_too():
     for short, full in SHORTHAND.items():
-        value = {"--optimizer": "torch.optim.SGD", "--network": "my.Net"}.get(short, "7")
+        value = {"--optimizer": "my.Optimizer", "--network": "my.Net"}.get(short, "7")
         assert expand_args([f"{short}={value}"]) == ["fit", full, value]
 
 
 def test_short_names_stand_for_class_paths_and_unknown_ones_name_the_choices():
     assert expand_args(["--network", "fast_cnn", "--model.optimizer", "lamb"]) == [
-        "fit", "--model.network", "lightning_modules.networks.FastCNN", "--model.optimizer", "torch_optimizer.Lamb"]
+        "fit", "--model.network", "lightning_modules.networks.FastCNN", "--model.optimizer", "torch_optimizer.Lamb",
+        "--model.optimizer.init_args.lr", KNOWN_GOOD_LR["lamb"]]
     assert expand_args(["--network=my_package.Net"]) == ["fit", "--model.network", "my_package.Net"]
     with pytest.raises(ShorthandError, match="unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, "
                                              "resnet18, or give a class path"):
         expand_args(["--network", "vgg"])
+
+
+def test_a_shipped_optimizer_comes_with_its_known_good_lr_unless_an_lr_is_given():
+    lr = "--model.optimizer.init_args.lr"
+    assert expand_args(["--optimizer", "adamw", "--epochs", "1"]) == [
+        "fit", "--model.optimizer", "torch.optim.AdamW", lr, "0.001", "--trainer.max_epochs", "1"]
+    assert expand_args(["--optimizer", "torch.optim.AdamW"])[-2:] == [lr, "0.001"]  # its class path too
+    assert expand_args(["--lr", "0.01", "--optimizer", "adamw"]) == ["fit", lr, "0.01", "--model.optimizer",
+                                                                    "torch.optim.AdamW"]
+    assert expand_args(["--optimizer", "adamw", f"{lr}=0.02"]) == ["fit", "--model.optimizer", "torch.optim.AdamW",
+                                                                   lr, "0.02"]
+    assert expand_args(["--optimizer", "my.Optimizer"]) == ["fit", "--model.optimizer", "my.Optimizer"]
+    assert set(KNOWN_GOOD_LR) == set(CLASS_NAMES["--model.optimizer"])
 
 
 def test_explicit_subcommand_and_full_keys_are_left_alone():
