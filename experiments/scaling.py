@@ -12,7 +12,8 @@ step of one rank at a fixed per-device batch:
 * exposed(n): the ring all-reduce of the gradient bytes S in k buckets, T_comm = k·2(n−1)·α + 2(n−1)/n·S/B, less
   what backward hides (all but the last bucket can overlap the backward still to run), at least the last bucket's;
   α and B come from an all-reduce sweep of message sizes over 2 gloo processes;
-* wait(n): the expected lead of the slowest of n ranks, σ·√(2 ln n), σ the one rank's spread of step times;
+* wait(n): the expected lead of the slowest of n ranks, σ·E[max of n standard normals] (0.56σ for 2, 2.3σ for
+  64), σ the one rank's spread of step times;
 * s(n): how much n busy processes slow each other on this machine with no communication at all (n independent
   one-thread loops against one, benchmarks.speed.concurrent_bare_loops); 1 on a machine with a device per rank.
 
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 DEVICES = (1, 2, 4, 8, 16, 32, 64)
+BUSY = ("data", "forward", "backward", "optimizer", "other")  # a rank's own work: all but comm and wait
 BUCKET_BYTES, FIRST_BUCKET_BYTES = 25 * 2 ** 20, 2 ** 20  # DDP's defaults: bucket_cap_mb 25, the first 1 MiB
 
 
@@ -76,13 +78,24 @@ def ring_allreduce_s(n: int, gradient_bytes: float, link: Link, k: int = 1) -> f
     return k * 2 * (n - 1) * link.alpha + 2 * (n - 1) / n * gradient_bytes / link.bandwidth
 
 
+def expected_max_of_normals(n: int) -> float:
+    """E[max of n independent standard normals]: the slowest rank's expected lead, in σ (1/√π for 2; √(2 ln n)
+    only bounds it, by 2.1× at n = 2). ∫ x·n·φ(x)·Φ(x)^(n−1) dx, by the midpoint rule over ±10 σ."""
+    if n < 2:
+        return 0.0
+    h = 1e-3
+    xs = (-10 + (i + 0.5) * h for i in range(int(20 / h)))
+    return sum(x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
+               for x in xs) * h
+
+
 def predict_step_s(n: int, one: OneRank, gradient_bytes: int, link: Link, slowdown: float = 1.0) -> Dict[str, float]:
     """The predicted step of one of ``n`` ranks, by part (``slowdown``: s(n), the machine's contention term)."""
     k = buckets(gradient_bytes)
     comm = ring_allreduce_s(n, gradient_bytes, link, k)
     hidden = one.backward * slowdown * (k - 1) / k  # backward still running while the earlier buckets reduce
     exposed = max(comm / k, comm - hidden) if n > 1 else 0.0
-    wait = one.sigma * slowdown * math.sqrt(2 * math.log(n)) if n > 1 else 0.0
+    wait = one.sigma * slowdown * expected_max_of_normals(n)
     return {"compute": one.step * slowdown, "comm": exposed, "wait": wait,
             "total": one.step * slowdown + exposed + wait}
 
@@ -128,7 +141,7 @@ SWEEP_BYTES = (4 * 2 ** 10, 64 * 2 ** 10, 2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20)
 
 def measure_link() -> Link:
     """The all-reduce sweep over 2 gloo processes on 127.0.0.1, one thread each: median time per size."""
-    from cli.launch import free_port
+    from benchmarks.launch import free_port
 
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE="2")
@@ -140,25 +153,15 @@ def measure_link() -> Link:
 
 
 def contention(network: str, batch: int, processes: int, seconds: float = 4.0, repeats: int = 3) -> float:
-    """s(n): how much slower each of ``processes`` independent one-thread bare loops runs than one alone; the median
-    of ``repeats`` interleaved pairs (one pair swung from 1.14 to 1.39 between two runs here)."""
-    from benchmarks.speed import compute_bound, concurrent_bare_loops
+    """s(n): how much slower each of ``processes`` independent one-thread bare loops runs than one alone, each loop
+    its own fresh process either way; the median of ``repeats`` pairs. (Timing "one alone" inside this long-lived
+    process instead swung s(2) from 0.98 to 1.39 between runs.)"""
+    from benchmarks.speed import concurrent_bare_loops
 
-    torch_threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        import torch
-
-        torch.set_num_threads(1)
-        ratios = []
-        for _ in range(repeats):
-            alone = compute_bound(network, batch, seconds)
-            ratios.append(processes * alone / concurrent_bare_loops(network, batch, seconds, processes))
-    finally:
-        if torch_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = torch_threads
+    ratios = []
+    for _ in range(repeats):
+        alone = concurrent_bare_loops(network, batch, seconds, 1)
+        ratios.append(processes * alone / concurrent_bare_loops(network, batch, seconds, processes))
     return statistics.median(ratios)
 
 
@@ -206,15 +209,19 @@ def measure(args) -> None:
     link = measure_link()
     print(f"all-reduce sweep (2 gloo processes): alpha {link.alpha * 1e6:.0f} us, bandwidth "
           f"{link.bandwidth / 1e9:.2f} GB/s", flush=True)
-    slow = {n: contention(args.network, args.batch_size, n) if n > 1 else 1.0 for n in (1, 2)}
-    print(f"contention s(2) = {slow[2]:.3f} (2 independent one-thread loops against one)", flush=True)
     measured: Dict[int, List[dict]] = {n: [] for n in args.measure}
-    for _ in range(args.runs):  # interleaved: a slow spell of the machine falls on every device count
+    pairs: List[float] = []  # s(2), one pair of bare-loop runs per round: the machine's contention drifts over minutes
+    for _ in range(args.runs):  # interleaved: a slow spell of the machine falls on every device count and on s(2)
+        pairs.append(contention(args.network, args.batch_size, 2, repeats=1))
+        print(f"  contention s(2): {pairs[-1]:.3f}", flush=True)
         for n in args.measure:
             if n > max(args.measure[:2]) and len(measured[n]) >= args.runs_beyond:
                 continue
             measured[n].append(train_run(n, args.network, args.batch_size, args.train_subset, args.epochs))
             print(f"  {n} rank(s): {measured[n][-1]['images_per_sec']:.0f} images/sec", flush=True)
+    slow = {2: statistics.median(pairs)}
+    print(f"contention s(2) = {slow[2]:.3f}, median of {len(pairs)} (range {min(pairs):.3f}-{max(pairs):.3f}; 2 "
+          f"independent one-thread loops against one)", flush=True)
     ones = measured[1]
     one = OneRank(args.batch_size, *(statistics.median(r["parts"][p] for r in ones)
                                      for p in ("data", "forward", "backward", "optimizer", "other")),
@@ -229,18 +236,24 @@ def measure(args) -> None:
         one_device_each = predict(n, one, grad, link, 1.0)
         got = measured.get(n, [])
         rate = statistics.median(r["images_per_sec"] for r in got) if got else None
+        # Checked after the fact, never fed back: rank 0's own parts per step in the n-rank runs against one rank's
+        busy = statistics.median(sum(r["parts"][p] for p in BUSY) for r in got) if got else None
         rows.append({"devices": n, "predicted_here": round(on_machine["images_per_sec"], 1),
                      "measured_here": round(rate, 1) if rate else "",
                      "runs": len(got), "error": f"{on_machine['images_per_sec'] / rate - 1:+.1%}" if rate else "",
                      "efficiency_here": round(on_machine["efficiency"], 3),
                      "predicted_device_each": round(one_device_each["images_per_sec"], 1),
-                     "efficiency_device_each": round(one_device_each["efficiency"], 3)})
+                     "efficiency_device_each": round(one_device_each["efficiency"], 3),
+                     "slowdown_predicted": round(here, 3),
+                     "slowdown_measured": round(busy / one.step, 3) if busy else ""})
     print(f"\none rank per step: {asdict(one)}; gradient bytes {grad}, buckets {buckets(grad)}\n")
-    print("| devices | predicted here | measured here (median) | error | predicted, one device each | efficiency |")
-    print("|---|---|---|---|---|---|")
+    print("| devices | predicted here | measured here (median) | error | s(n) predicted | rank 0's own step, measured "
+          "/ one rank's | predicted, one device each | efficiency |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['devices']} | {r['predicted_here']:.0f} | {r['measured_here'] or ''} | {r['error']} | "
-              f"{r['predicted_device_each']:.0f} | {r['efficiency_device_each']:.1%} |")
+              f"{r['slowdown_predicted']:.2f} | {r['slowdown_measured'] or ''} | {r['predicted_device_each']:.0f} | "
+              f"{r['efficiency_device_each']:.1%} |")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "scaling.csv", "w", newline="") as handle:
