@@ -108,3 +108,14 @@ def test_unknown_rules_are_refused_with_the_choices():
         scale_lr(0.1, 1, 2, "cubic")
     with pytest.raises(ValueError, match="constant, cosine, step"):
         lr_factor(5, warmup_steps=0, warmup_start_factor=1.0, total_steps=10, schedule="linear")
+
+
+def test_a_model_built_in_python_keeps_plain_hyperparameters_that_load_without_code(tmp_path, recwarn):
+    """From a config the hyperparameters are its class paths (tests/test_standalone.py); built in Python, the network,
+    optimizer and policy objects are no hyperparameters, so a checkpoint's stay loadable with weights_only."""
+    model = classifier(label_smoothing=0.1)
+    assert not {"network", "optimizer", "lr_policy"} & set(model.hparams)
+    assert model.hparams["label_smoothing"] == 0.1
+    torch.save({"hyper_parameters": dict(model.hparams)}, tmp_path / "h.ckpt")
+    assert torch.load(tmp_path / "h.ckpt", weights_only=True)["hyper_parameters"]["label_smoothing"] == 0.1
+    assert not [w for w in recwarn if "nn.Module" in str(w.message)]
