@@ -31,6 +31,7 @@ replaces the generated section of docs/benchmarks.md.
 import argparse
 import datetime
 import functools
+import inspect
 import os
 import platform
 import re
@@ -54,10 +55,12 @@ from benchmarks import launch  # noqa: E402
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
 from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
 from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
+from lightning_modules import FashionMNISTClassifier  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.
-DEFAULT_CHANNELS_LAST = bool(yaml.safe_load(DEFAULT_CONFIG.read_text())["model"].get("channels_last", False))
+DEFAULT_CHANNELS_LAST = bool(yaml.safe_load(DEFAULT_CONFIG.read_text())["model"].get(
+    "channels_last", inspect.signature(FashionMNISTClassifier).parameters["channels_last"].default))
 FORMAT = "NHWC" if DEFAULT_CHANNELS_LAST else "NCHW"
 # train.py's speed options, each measured against (b) with --options; the memory format row is the one
 # train.py does not use by default.
