@@ -84,9 +84,12 @@ class FashionMNISTClassifier(LightningModule):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
             self.save_hyperparameters(ignore=["batch_size", "virtual_devices"])
-        for name in ("network", "optimizer", "lr_policy"):
-            if not isinstance(self.hparams.get(name), (dict, str)):
-                self.hparams.pop(name, None)
+        objects = [name for name in ("network", "optimizer", "lr_policy") if not isinstance(self.hparams.get(name),
+                                                                                              (dict, str))]
+        if objects:
+            for name in objects:
+                del self.hparams[name]
+            self.save_hyperparameters(dict(self.hparams))  # again, so the loggers' initial copy is plain too
         check_network(network)
         self.net = network
         if virtual_devices > 1:
