@@ -152,17 +152,14 @@ def measure_link() -> Link:
     return fit_link([int(s) for s, _ in pairs], [float(t) for _, t in pairs])
 
 
-def contention(network: str, batch: int, processes: int, seconds: float = 4.0, repeats: int = 3) -> float:
-    """s(n): how much slower each of ``processes`` independent one-thread bare loops runs than one alone, each loop
-    its own fresh process either way; the median of ``repeats`` pairs. (Timing "one alone" inside this long-lived
-    process instead swung s(2) from 0.98 to 1.39 between runs.)"""
+def contention(network: str, batch: int, processes: int, seconds: float = 4.0) -> float:
+    """s(n) from one pair: how much slower each of ``processes`` independent one-thread bare loops runs than one
+    alone, each loop its own fresh process either way. (Timing "one alone" inside this long-lived process instead
+    swung s(2) from 0.98 to 1.39 between runs.)"""
     from benchmarks.speed import concurrent_bare_loops
 
-    ratios = []
-    for _ in range(repeats):
-        alone = concurrent_bare_loops(network, batch, seconds, 1)
-        ratios.append(processes * alone / concurrent_bare_loops(network, batch, seconds, processes))
-    return statistics.median(ratios)
+    alone = concurrent_bare_loops(network, batch, seconds, 1)
+    return processes * alone / concurrent_bare_loops(network, batch, seconds, processes)
 
 
 def train_run(devices: int, network: str, batch: int, subset: int, epochs: int) -> dict:
@@ -212,7 +209,7 @@ def measure(args) -> None:
     measured: Dict[int, List[dict]] = {n: [] for n in args.measure}
     pairs: List[float] = []  # s(2), one pair of bare-loop runs per round: the machine's contention drifts over minutes
     for _ in range(args.runs):  # interleaved: a slow spell of the machine falls on every device count and on s(2)
-        pairs.append(contention(args.network, args.batch_size, 2, repeats=1))
+        pairs.append(contention(args.network, args.batch_size, 2))
         print(f"  contention s(2): {pairs[-1]:.3f}", flush=True)
         for n in args.measure:
             if n > max(args.measure[:2]) and len(measured[n]) >= args.runs_beyond:

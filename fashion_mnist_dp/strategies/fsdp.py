@@ -34,7 +34,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         return super().load_checkpoint(checkpoint_path, weights_only=True)
 
     def setup_environment(self) -> None:
-        from fashion_mnist_dp.runtime import compat  # here: runtime's guards import this module (local_shard)
+        from fashion_mnist_dp.runtime import compat  # here: fashion_mnist_dp.runtime imports this package
 
         compat.shard_over_every_rank(self)  # a data-parallel mesh of all ranks, not Lightning's nodes × devices
         super().setup_environment()
