@@ -1,20 +1,26 @@
-"""Progress inside an epoch: Lightning's progress bar (Rich when installed, else TQDM) showing batches done, the
-training loss and images/sec from values already on the host, so it never makes a step wait for the device
-(Lightning's own bar reads its metrics from the device at every refresh). On by default when stdout is a terminal."""
+"""Progress inside an epoch: Lightning's TQDM bar showing batches done, the training loss and images/sec from values
+already on the host, so it never makes a step wait for the device (Lightning's own bar reads its metrics from the
+device at every refresh). Shown when stdout is a terminal unless ``--progress`` says otherwise."""
 
-import importlib.util
+import sys
 import time
-from typing import Dict
+from typing import Dict, Optional
 
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import TQDMProgressBar
 
 
-class HostMetrics:
-    """``get_metrics`` of both bars: the mean training loss of the last decision point (fashion_mnist_dp/runtime/agreement.py) and
-    this rank's images/sec since the epoch began × the world size (the epoch line has the measured figure)."""
+class ProgressBar(TQDMProgressBar):
+    """``show_progress``: None shows the bar when stdout is a terminal (train.py's ``--progress`` sets it)."""
+
+    def __init__(self, show_progress: Optional[bool] = None, refresh_rate: int = 1) -> None:
+        super().__init__(refresh_rate=refresh_rate)
+        if not (sys.stdout.isatty() if show_progress is None else show_progress):
+            self.disable()
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> Dict[str, str]:
+        """The mean training loss of the last decision point (fashion_mnist_dp/runtime/agreement.py) and this rank's
+        images/sec since the epoch began × the world size (the epoch line has the measured figure)."""
         shown = {}
         loss = next((c.latest for c in trainer.callbacks if type(c).__name__ == "TrainingLoss"), None)
         if loss is not None:
@@ -28,18 +34,5 @@ class HostMetrics:
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_started = time.perf_counter()
         super().on_train_epoch_start(trainer, pl_module)
-
-
-class TQDMBar(HostMetrics, TQDMProgressBar):
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_epoch_start(trainer, pl_module)
-        self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")  # as the epoch line counts
-
-
-class RichBar(HostMetrics, RichProgressBar):
-    pass
-
-
-def progress_bar() -> Callback:
-    """Rich's bar when the ``rich`` package is installed, else TQDM's."""
-    return RichBar() if importlib.util.find_spec("rich") is not None else TQDMBar()
+        if self.is_enabled:
+            self.train_progress_bar.set_description(f"Epoch {trainer.current_epoch + 1}")  # as the epoch line counts

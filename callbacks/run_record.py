@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import Logger, TensorBoardLogger
+from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 
@@ -25,49 +25,34 @@ FILE_NAME = "metrics.csv"
 HPARAMS_METRICS = ("val/acc", "val/loss", "throughput/images_per_sec")
 
 
-class MetricsCSV(Logger):
-    """``metrics.csv`` in ``run``'s folder (the same version): Lightning's CSVLogger picks a version of its own and
-    erases the file when a run continues in its folder; here a resumed run (``--ckpt_path last``) keeps the rows before
-    the step it resumes from (TensorBoard purges the same ones) and appends. Rank 0 writes; every write replaces the
-    file whole (a reader never sees half a row)."""
+class MetricsCSV(TensorBoardLogger):
+    """TensorBoard's logger that also writes ``metrics.csv`` in its run folder: Lightning's CSVLogger beside it would
+    pick a version of its own and erase the file when a run continues in its folder; here a resumed run
+    (``--ckpt_path last``) keeps the rows before the step it resumes from (TensorBoard purges the same ones) and
+    appends. ``save_dir`` and ``name`` null: train.py fills in ``default_root_dir`` and the run's name. Rank 0 writes;
+    every write replaces the file whole (a reader never sees half a row)."""
 
-    def __init__(self, run: TensorBoardLogger) -> None:
-        super().__init__()
-        self.run = run
+    def __init__(self, save_dir: Optional[str] = None, name: Optional[str] = None,
+                 version: Optional[Union[int, str]] = None, default_hp_metric: bool = False, **kwargs: Any) -> None:
+        super().__init__(save_dir or "runs", name=name, version=version, default_hp_metric=default_hp_metric,
+                         **kwargs)
         self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
-
-    @property
-    def name(self) -> str:
-        return self.run.name
-
-    @property
-    def version(self) -> Union[int, str]:
-        return self.run.version
-
-    @property
-    def save_dir(self) -> str:
-        return self.run.save_dir
-
-    @property
-    def log_dir(self) -> str:
-        return self.run.log_dir
 
     @property
     def path(self) -> Path:
         return Path(self.log_dir) / FILE_NAME
 
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        """TensorBoard's logger writes them to ``hparams.yaml`` in the same folder."""
-
     @rank_zero_only
     def log_metrics(self, metrics: Dict[str, float], step: Optional[int] = None) -> None:
+        super().log_metrics(metrics, step)
         if self.rows is None:
-            resumed_at = compat.tensorboard_purge_step(self.run) or 0
+            resumed_at = compat.tensorboard_purge_step(self) or 0
             self.rows = [row for row in read_rows(self.path) if float(row.get("step") or 0) < resumed_at]
         self.rows.append({"step": step, **{key: float(value) for key, value in metrics.items()}})
 
     @rank_zero_only
     def save(self) -> None:
+        super().save()
         if not self.rows:
             return
         columns = list(dict.fromkeys(key for row in self.rows for key in row))
@@ -80,8 +65,11 @@ class MetricsCSV(Logger):
             writer.writerows(self.rows)
         os.replace(partial, self.path)
 
+    @rank_zero_only
     def finalize(self, status: str) -> None:
-        self.save()
+        super().finalize(status)  # saves on success
+        if status != "success":
+            self.save()
 
 
 def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
@@ -165,7 +153,7 @@ def read_run(root: Union[str, Path]) -> RunResults:
 
 class RunRecord(Callback):
     """The run's hyperparameters with the numbers derived from them (batch plan, learning rates, strategy: the start
-    block's) to every logger when fit starts: ``hparams.yaml`` and TensorBoard's HPARAMS tab. The CLI adds it."""
+    block's) to every logger when fit starts: ``hparams.yaml`` and TensorBoard's HPARAMS tab."""
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         params = dict(compat.public_hparams(pl_module.hparams))

@@ -103,8 +103,9 @@ def test_a_nan_gradient_on_rank_1_only_stops_both_ranks_at_the_next_decision_and
     The nan is put into rank 1's gradients after ddp averaged them: rank 0 cannot see it. 256 images at
     2 × 32 are 4 steps per epoch; step 5 is in epoch 2, after epoch 1's best and last checkpoints. The ranks
     decide every 3 steps: rank 1 notes step 5 on its device, and at step 6 both stop, naming step 5.
-    Also counted: healthy batches run no collective of ours but at the decision steps (step 3: counted at the
-    next batch's end), and Lightning's per-batch SIGTERM broadcast is off.
+    Also counted: healthy batches run no collective of ours but at the decision steps (the counter, appended after
+    the Agreement in trainer.callbacks, counts step 3's decision at that batch's end; step 6 stops before it counts),
+    and Lightning's per-batch SIGTERM broadcast is off.
     """
     port = free_port()
     record = tmp_path / "record"
@@ -130,5 +131,5 @@ def test_a_nan_gradient_on_rank_1_only_stops_both_ranks_at_the_next_decision_and
     saved = checkpoints(tmp_path)
     assert "last.ckpt" in saved and any(name.startswith("best-epoch00") for name in saved), sorted(saved)
     assert {c["epoch"] for c in saved.values()} == {0} and all(all_finite(c) for c in saved.values())
-    for rank in (0, 1):  # batches 1-2, 2-3, 3-4 of epoch 1 (step 3's decision counted at batch 4's end), 5-6
-        assert json.loads((record / f"collectives{rank}.json").read_text()) == [0, 0, 1, 0], rank
+    for rank in (0, 1):  # batches 1-2, 2-3 (step 3's decision), 3-4 of epoch 1
+        assert json.loads((record / f"collectives{rank}.json").read_text()) == [0, 1, 0], rank

@@ -1,5 +1,5 @@
 """train.py's LightningCLI: wiring only (the default config, links, where the run's files go, what a checkpoint's
-hyperparameters may fill in, the run-time plugins, the test after fit), and ``main``, which turns every error into one
+hyperparameters may fill in, the callbacks' order, the test after fit), and ``main``, which turns every error into one
 line and an exit code (fashion_mnist_dp/runtime/errors.py)."""
 
 import logging
@@ -9,17 +9,12 @@ from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from jsonargparse.typing import PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
-from callbacks.progress import progress_bar
-from callbacks.run_record import MetricsCSV, RunRecord
 from fashion_mnist_dp.cli import checkpoint_hparams, outputs
 from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
@@ -41,8 +36,8 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
 
 class FashionMNISTCLI(LightningCLI):
     """LightningCLI with our defaults file, the batch linked from data to model, the run's folders and
-    ``--ckpt_path`` decided from the config before anything is built, the run-time guards and the run's record on
-    every trainer, and a test run after fit."""
+    ``--ckpt_path`` decided from the config before anything is built, the callbacks' order checked and the safety
+    callbacks a config left out named, and a test run after fit."""
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         kwargs.setdefault("exit_on_error", False)  # main() turns parse errors into one line
@@ -53,11 +48,15 @@ class FashionMNISTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="fit only: evaluate the best checkpoint on the test split when training ends")
+        # Two settings of callbacks in trainer.callbacks, kept as top-level flags: the links set them on the callback
+        # that takes them (callbacks.progress.ProgressBar, fashion_mnist_dp.runtime.Agreement).
         parser.add_argument("--progress", type=Optional[bool], default=None,
                             help="a progress bar inside each epoch; default: when stdout is a terminal")
-        parser.add_argument("--check_every_n_steps", type=PositiveInt, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
+        parser.add_argument("--check_every_n_steps", type=int, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
                             help="the ranks agree on stopping (signal, divergence) every N optimizer steps, and at "
                                  "every validation, epoch end and checkpoint: a signal stops the run within N steps")
+        parser.link_arguments("progress", "trainer.callbacks.init_args.show_progress")
+        parser.link_arguments("check_every_n_steps", "trainer.callbacks.init_args.check_every_n_steps")
         # Its own section (--stop_at_target.*, shorthand --target_accuracy): LightningCLI appends it to the callbacks.
         parser.add_lightning_class_args(StopAtTarget, "stop_at_target")
         parser.link_arguments("data.batch_size", "model.batch_size")
@@ -74,7 +73,7 @@ class FashionMNISTCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
-        self.run_name = outputs.fill_output_paths(config)
+        outputs.fill_output_paths(config)
         folders = outputs.checkpoint_folders(config)
         if config.get("ckpt_path") == "hpc":  # a file in default_root_dir: checked below like any other
             config.ckpt_path = resume.hpc_checkpoint(config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
@@ -103,22 +102,8 @@ class FashionMNISTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs):
         """A whole number of limit_*_batches / overfit_batches is a number of batches, as in Lightning's Python API
-        (the parsed config holds them as floats: fashion_mnist_dp/cli/checks.py); ``--progress`` puts our bar in Lightning's place;
-        with no logger configured, TensorBoard logs in ``<default_root_dir>/<run name>/version_<n>``."""
-        progress = self.config[self.subcommand].progress
-        if progress is None:
-            progress = sys.stdout.isatty()
-        trainer = super().instantiate_trainer(**{**self._batch_limits, "enable_progress_bar": progress, **kwargs})
-        lightnings = [i for i, c in enumerate(trainer.callbacks) if type(c) in (TQDMProgressBar, RichProgressBar)]
-        for index in lightnings:
-            trainer.callbacks[index] = progress_bar()
-        if self.config[self.subcommand].trainer.logger is None:
-            trainer.loggers = [TensorBoardLogger(trainer.default_root_dir, name=self.run_name, default_hp_metric=False)]
-        run = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
-        if run is not None:  # the run's record as data, beside TensorBoard's files
-            trainer.loggers = [*trainer.loggers, MetricsCSV(run)]
-            trainer.callbacks.append(RunRecord())
-        return trainer
+        (the parsed config holds them as floats: fashion_mnist_dp/cli/checks.py)."""
+        return super().instantiate_trainer(**{**self._batch_limits, **kwargs})
 
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``, ``--accelerator tpu`` without torch_xla) is the
@@ -127,9 +112,12 @@ class FashionMNISTCLI(LightningCLI):
             super().instantiate_classes()
         except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
             raise errors.ConfigError(errors.one_line(error)) from error
+        try:
+            runtime.check_order(self.trainer.callbacks)
+        except MisconfigurationException as error:
+            raise errors.ConfigError(str(error)) from error
         if hasattr(self.model, "start_notes"):
-            self.model.start_notes = self._notes
-        runtime.install(self.trainer, self.config[self.subcommand].check_every_n_steps)
+            self.model.start_notes = [*self._notes, *runtime.safety_off(self.trainer)]
 
     def _before_launch(self) -> None:
         """In the launching process, before any rank or process group exists: output folders, the checkpoint, the

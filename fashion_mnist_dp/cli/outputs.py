@@ -9,6 +9,7 @@ from typing import Any, List, Optional
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
 
 from fashion_mnist_dp.cli.checks import import_class, parse_devices, resolved_accelerator
 from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
@@ -57,16 +58,23 @@ def run_name(config, gpus: Optional[int] = None) -> str:
     return f"{network}-{strategy_name(trainer.strategy, devices)}-{shape}-{optimizer}"
 
 
+def _entries(value: Any, kind: type) -> List[Any]:
+    """The entries (class path and init_args) of a parsed list or single class, such as ``trainer.callbacks`` or
+    ``trainer.logger``, whose class is a ``kind``."""
+    entries = value if isinstance(value, list) else [value]
+    return [entry for entry in entries if isinstance(import_class(getattr(entry, "class_path", None)), type)
+            and issubclass(import_class(entry.class_path), kind)]
+
+
 def checkpoint_callbacks(config) -> List[Any]:
     """The ModelCheckpoint entries (class path and init_args) of ``trainer.callbacks`` in a subcommand's config."""
-    entries = config.trainer.callbacks or []
-    return [entry for entry in entries if isinstance(import_class(getattr(entry, "class_path", None)), type)
-            and issubclass(import_class(entry.class_path), ModelCheckpoint)]
+    return _entries(config.trainer.callbacks or [], ModelCheckpoint)
 
 
 def fill_output_paths(config) -> str:
-    """Put the run's folders into a subcommand's config: ``default_root_dir`` (default ``runs``) and, for every
-    ModelCheckpoint without a ``dirpath``, ``<default_root_dir>/<run name>/checkpoints``. Returns the run's name."""
+    """Put the run's folders into a subcommand's config: ``default_root_dir`` (default ``runs``); for every
+    ModelCheckpoint without a ``dirpath``, ``<default_root_dir>/<run name>/checkpoints``; for every TensorBoard logger
+    without a ``save_dir`` or ``name``, ``<default_root_dir>`` and the run's name. Returns the run's name."""
     trainer = config.trainer
     if trainer.default_root_dir is None:
         trainer.default_root_dir = DEFAULT_ROOT
@@ -74,6 +82,11 @@ def fill_output_paths(config) -> str:
     for entry in checkpoint_callbacks(config):
         if entry.init_args.dirpath is None:
             entry.init_args.dirpath = str(Path(trainer.default_root_dir) / name / "checkpoints")
+    for entry in _entries(trainer.logger, TensorBoardLogger):
+        if entry.init_args.get("save_dir") is None:
+            entry.init_args.save_dir = str(trainer.default_root_dir)
+        if entry.init_args.get("name") is None:
+            entry.init_args.name = name
     return name
 
 

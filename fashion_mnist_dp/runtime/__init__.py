@@ -6,13 +6,11 @@ every private Lightning access (compat). The story of each Lightning gap: docs/r
 import os
 import signal
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, List
 
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Checkpoint
 
-from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement, TrainingLoss
+from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agreement, TrainingLoss, check_order
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.divergence import DivergenceGuard
 from fashion_mnist_dp.runtime.faults import JobFaults
@@ -20,31 +18,29 @@ from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, PEER_FAILED, die
 from fashion_mnist_dp.runtime.preemption import SIGNALS, Preemption, install_handlers, watch_outside_training
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
-__all__ = ["DEFAULT_CHECK_EVERY_N_STEPS", "install", "guarded_process"]
+__all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "Preemption", "RngState",
+           "TrainingLoss", "VerifiedCheckpointIO", "check_order", "guarded_process",
+           "safety_off"]
+
+# The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries
+# (docs/reliability.md has the test of each).
+SAFETY = {
+    JobFaults: "on a lost rank or a stalled data worker: no collective save, the job ends with one line",
+    DivergenceGuard: "a diverged run stops with advice (exit 70) and saves no diverged checkpoint",
+    Preemption: "SIGTERM, SIGUSR1 or Ctrl-C: every rank stops at one point with a verified last.ckpt",
+    Agreement: "the decision points: without it divergence and signals are never acted on",
+    RngState: "a resumed run draws the batches the uninterrupted run would have",
+    TensorBoardRun: "a resumed run continues its TensorBoard folder and metrics.csv",
+    VerifiedCheckpointIO: "checkpoints written atomically with a checksum, verified and code-free on load",
+}
 
 
-def install(trainer: Trainer, check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_STEPS) -> None:
-    """Add the always-on callbacks to ``trainer``, in this order:
-
-    1. ``JobFaults``, first of all: its ``on_exception`` must run before the checkpoint callbacks' (no collective
-       save with a rank that is gone).
-    2. after the user's callbacks but before the checkpoint callbacks (which Lightning puts last when it builds the
-       trainer, so that every decision below precedes every save), the participants of the agreement:
-       ``DivergenceGuard`` before ``Preemption`` (a diverged run stops without the checkpoint a signal would write),
-       then ``TrainingLoss`` (the mean loss the progress bar shows);
-    3. ``Agreement``, after its participants: at a decision point it reads what they noted for this batch;
-    4. ``RngState`` and ``TensorBoardRun``: state saved with every checkpoint.
-
-    The strategy's plain CheckpointIO becomes :class:`VerifiedCheckpointIO` (one given as a plugin is kept).
-    """
-    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-        trainer.strategy.checkpoint_io = VerifiedCheckpointIO()
-    participants = [DivergenceGuard(), Preemption(), TrainingLoss()]
-    callbacks = trainer.callbacks
-    callbacks.insert(0, JobFaults())
-    first_checkpoint = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks[first_checkpoint:first_checkpoint] = [*participants, Agreement(participants, check_every_n_steps),
-                                                    RngState(), TensorBoardRun()]
+def safety_off(trainer: Trainer) -> List[str]:
+    """One line per run-safety callback or plugin that ``trainer`` runs without (a ``--config`` file that sets
+    ``trainer.callbacks`` replaces the whole list), for the start block."""
+    present = {type(c) for c in trainer.callbacks} | {type(trainer.strategy.checkpoint_io)}
+    return [f"  safety off      : {kind.__name__}: {guarantee}" for kind, guarantee in SAFETY.items()
+            if not any(issubclass(p, kind) for p in present)]
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from typing import List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 TRAIN_STEP = "train_step"
@@ -55,22 +56,21 @@ class Participant(Callback):
 
 
 class Agreement(Callback):
-    """Runs the decision points for ``participants`` (in their order: the first to raise wins)."""
+    """Runs the decision points for the :class:`Participant` callbacks that come before it in ``trainer.callbacks``,
+    in their order (the first to raise wins)."""
 
-    def __init__(self, participants: Sequence[Participant], check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_STEPS):
+    def __init__(self, check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_STEPS):
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        self.participants = list(participants)
         self.every = check_every_n_steps
+        self.participants: List[Participant] = []
         self.decisions = 0  # points decided so far (tests count them)
         self._trained_since = False
         self._decided_step = -1
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        position = {id(callback): i for i, callback in enumerate(trainer.callbacks)}
-        late = [type(p).__name__ for p in self.participants if position.get(id(p), -1) > position.get(id(self), -1)]
-        if late:
-            raise RuntimeError(f"{', '.join(late)} must come before Agreement in trainer.callbacks (runtime.install)")
+        check_order(trainer.callbacks)
+        self.participants = [c for c in trainer.callbacks if isinstance(c, Participant)]
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str) -> None:
         """One decision point: every rank must call it with the same ``point``."""
@@ -105,6 +105,24 @@ class Agreement(Callback):
         is handled: a rank may be gone, and a collective would wait for it."""
         if self._trained_since and trainer.state.fn == "fit" and not trainer.interrupted:
             self.decide(trainer, pl_module, BEFORE_SAVE)
+
+
+def check_order(callbacks: Sequence[Callback]) -> None:
+    """Raise when ``callbacks`` break an order that exists for a reason: every participant before the Agreement (it
+    reads what they noted for the batch), DivergenceGuard before Preemption (a diverged run stops without the
+    checkpoint a signal would write), JobFaults before both (its ``on_exception`` runs first: no collective save with
+    a rank that is gone). Lightning itself puts the checkpoint callbacks last, after every decision."""
+    names = [type(c).__name__ for c in callbacks]
+    agreement = next((i for i, c in enumerate(callbacks) if isinstance(c, Agreement)), len(callbacks))
+    late = [type(c).__name__ for c in callbacks[agreement:] if isinstance(c, Participant)]
+    if late:
+        raise MisconfigurationException(f"{', '.join(late)} must come before Agreement in trainer.callbacks "
+                                         "(configs/default.yaml lists the order)")
+    for first, then in (("JobFaults", "DivergenceGuard"), ("JobFaults", "Preemption"),
+                        ("DivergenceGuard", "Preemption")):
+        if first in names and then in names and names.index(first) > names.index(then):
+            raise MisconfigurationException(f"{first} must come before {then} in trainer.callbacks "
+                                            "(configs/default.yaml lists the order)")
 
 
 class TrainingLoss(Participant):

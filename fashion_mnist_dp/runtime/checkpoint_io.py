@@ -116,7 +116,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
-    """Atomic, checksummed saves; verified, code-free loads. runtime.install puts it on every strategy."""
+    """Atomic, checksummed saves; verified, code-free loads. configs/default.yaml gives it as trainer.plugins."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options: Optional[Any] = None) -> None:
         if is_remote(path):

@@ -99,7 +99,7 @@ def merge(rows: List[List[float]]) -> List[float]:
 class DivergenceGuard(Participant):
     """Stops all ranks once a loss, gradient or weight is not finite, or validation accuracy is at chance
     ``epochs_after_warmup`` epochs after warm-up ended (not judged when ``limit_train_batches`` cuts the epochs
-    short: a smoke test has not trained an epoch). runtime.install adds it."""
+    short: a smoke test has not trained an epoch)."""
 
     size = 7
 

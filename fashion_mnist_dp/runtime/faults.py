@@ -87,7 +87,7 @@ def no_checkpoint_on_exception(trainer: Trainer) -> None:
 
 class JobFaults(Callback):
     """On a fault of the job: no collective save on exception, stuck data workers killed, and the launching process
-    stops watching its ranks (it waits for them after its line). runtime.install puts it first."""
+    stops watching its ranks (it waits for them after its line). configs/default.yaml lists it first."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """A datamodule that takes ``worker_options`` gets its DataLoader workers ended with their rank, and a stalled

@@ -5,13 +5,15 @@ from functools import partial
 
 import pytest
 import torch
+import yaml
 from lightning.pytorch import Trainer
 
 from datamodules import FashionMNISTDataModule
 from fashion_mnist_dp.cli.checks import import_class
 from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules import FashionMNISTClassifier, LRPolicy
-from fashion_mnist_dp.runtime import preemption
+from fashion_mnist_dp.cli.app import DEFAULT_CONFIG
+from fashion_mnist_dp.runtime import Agreement, VerifiedCheckpointIO, preemption
 
 
 def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD, momentum: float = 0.9,
@@ -35,18 +37,29 @@ def clean_signals():
         signal.signal(signum, handler)
 
 
-def tiny_fit(root, folder, callbacks=(), install=None, batch_size=32, network="mlp", lr=0.05, model_args=None,
+def with_safety(callbacks=(), check_every_n_steps: int = 50) -> list:
+    """``callbacks`` among configs/default.yaml's run-safety callbacks (fashion_mnist_dp.runtime's), in its order:
+    the first of them before ``callbacks``, the rest after (so the tests run the list that ships)."""
+    listed = yaml.safe_load(DEFAULT_CONFIG.read_text())["trainer"]["callbacks"]
+    safety = [import_class(entry["class_path"]) for entry in listed
+              if entry["class_path"].startswith("fashion_mnist_dp.runtime.")]
+    built = [kind(check_every_n_steps) if kind is Agreement else kind() for kind in safety]
+    return [built[0], *callbacks, *built[1:]]
+
+
+def tiny_fit(root, folder, callbacks=(), safety=None, batch_size=32, network="mlp", lr=0.05, model_args=None,
              data_args=None, **trainer_args):
     """Fit the mlp on the tiny data (256 images: 8 steps per epoch at batch 32) in this process; returns the trainer.
 
-    ``install``: a function called with the trainer before fit (e.g. ``runtime.install``); ``model_args``: more
-    :func:`classifier` arguments; ``data_args``: more FashionMNISTDataModule arguments."""
+    ``safety``: a ``check_every_n_steps``: run ``callbacks`` :func:`with_safety`, and checkpoints through
+    VerifiedCheckpointIO, as train.py does; ``model_args``: more :func:`classifier` arguments; ``data_args``: more
+    FashionMNISTDataModule arguments."""
     settings = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
                     enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(folder))
+    if safety is not None:
+        callbacks, settings["plugins"] = with_safety(callbacks, safety), [VerifiedCheckpointIO()]
     settings.update(trainer_args)
     trainer = Trainer(callbacks=list(callbacks), **settings)
-    if install is not None:
-        install(trainer)
     data = FashionMNISTDataModule(data_dir=str(root), batch_size=batch_size, download=False, **(data_args or {}))
     trainer.fit(classifier(network, lr, batch_size=batch_size, **(model_args or {})), datamodule=data)
     return trainer

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -52,7 +53,7 @@ class Recorder(Participant):
 ], ids=["validating", "not-validating"])
 def test_decisions_come_every_n_steps_and_at_every_validation_or_epoch_end(fashion_root, tmp_path, validate, expected):
     recorder = Recorder()
-    tiny_fit(fashion_root, tmp_path, [recorder, Agreement([recorder], check_every_n_steps=3)], max_epochs=2,
+    tiny_fit(fashion_root, tmp_path, [recorder, Agreement(check_every_n_steps=3)], max_epochs=2,
              limit_val_batches=1.0 if validate else 0, num_sanity_val_steps=0)
     assert recorder.points == expected
 
@@ -60,15 +61,14 @@ def test_decisions_come_every_n_steps_and_at_every_validation_or_epoch_end(fashi
 def test_a_save_between_points_is_decided_first(fashion_root, tmp_path):
     recorder = Recorder()
     saves = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
-    tiny_fit(fashion_root, tmp_path, [recorder, Agreement([recorder], check_every_n_steps=3), saves],
+    tiny_fit(fashion_root, tmp_path, [recorder, Agreement(check_every_n_steps=3), saves],
              limit_val_batches=0, enable_checkpointing=True)
     assert recorder.points == [(TRAIN_STEP, 3), (BEFORE_SAVE, 4), (TRAIN_STEP, 6), (BEFORE_SAVE, 8), (EPOCH_END, 8)]
 
 
 def test_participants_must_come_before_the_agreement(fashion_root, tmp_path):
-    recorder = Recorder()
-    with pytest.raises(RuntimeError, match="Recorder must come before Agreement"):
-        tiny_fit(fashion_root, tmp_path, [Agreement([recorder]), recorder])
+    with pytest.raises(MisconfigurationException, match="Recorder must come before Agreement in trainer.callbacks"):
+        tiny_fit(fashion_root, tmp_path, [Agreement(), Recorder()])
 
 
 class NanGradientAt(Callback):
@@ -85,7 +85,7 @@ def test_divergence_names_the_first_bad_step_and_stops_before_any_save(fashion_r
     folder = tmp_path / "ckpt"
     saves = ModelCheckpoint(dirpath=folder, every_n_train_steps=1, save_top_k=-1, filename="{step}")
     with pytest.raises(TrainingDiverged) as stopped, runtime.guarded_process():
-        tiny_fit(fashion_root, tmp_path, [NanGradientAt(5), saves], install=runtime.install, enable_checkpointing=True)
+        tiny_fit(fashion_root, tmp_path, [NanGradientAt(5), saves], safety=50, enable_checkpointing=True)
     assert str(stopped.value).startswith("training diverged at optimizer step 5 (epoch 1): a gradient is not finite "
                                          "(net.1.weight); stopped on every rank at step 5, no checkpoint written")
     assert stopped.value.exit_code == ExitCode.DIVERGED
@@ -96,7 +96,7 @@ def test_divergence_found_later_still_names_the_step_it_began(fashion_root, tmp_
     with pytest.raises(TrainingDiverged, match=r"at optimizer step 1 \(epoch 1\): a gradient is not finite "
                                                r"\(net.1.weight\); stopped on every rank at step 6"), \
             runtime.guarded_process():
-        tiny_fit(fashion_root, tmp_path, [NanGradientAt(1)], install=lambda t: runtime.install(t, 6))
+        tiny_fit(fashion_root, tmp_path, [NanGradientAt(1)], safety=6)
 
 
 def test_merge_takes_the_earliest_first_step_of_any_rank():
@@ -147,7 +147,7 @@ def test_a_signal_stops_at_the_next_decision_with_a_verified_last_checkpoint(fas
                                                                                index, name, code):
     with pytest.raises(Preempted, match=rf"stopped by {name} at optimizer step 4 \(epoch 1\): checkpoint saved "
                                         r"and verified") as stopped, runtime.guarded_process():
-        tiny_fit(fashion_root, tmp_path, [Signal(2, index)], install=lambda t: runtime.install(t, 4))
+        tiny_fit(fashion_root, tmp_path, [Signal(2, index)], safety=4)
     assert stopped.value.exit_code == code
     last = Path(tmp_path) / "checkpoints" / "last.ckpt"
     assert verify(last) is not None and torch.load(last, weights_only=True)["global_step"] == 4
@@ -158,7 +158,7 @@ def test_a_signal_after_the_epochs_last_batch_stops_at_the_epoch_end(fashion_roo
     end, so the checkpoint is an end-of-epoch one and a resume starts the next epoch."""
     with pytest.raises(Preempted, match=r"stopped by SIGTERM at optimizer step 8 \(epoch 1\)"), \
             runtime.guarded_process():
-        tiny_fit(fashion_root, tmp_path, [Signal(7, 1)], install=lambda t: runtime.install(t, 4), max_epochs=2)
+        tiny_fit(fashion_root, tmp_path, [Signal(7, 1)], safety=4, max_epochs=2)
     saved = torch.load(Path(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"] == 1
 
@@ -169,8 +169,8 @@ def test_accuracy_at_chance_is_not_judged_when_the_epochs_are_cut_short(fashion_
     with runtime.guarded_process():
         seed_everything(2, verbose=False)
         with pytest.raises(TrainingDiverged, match="at chance"):
-            tiny_fit(fashion_root, tmp_path / "full", install=runtime.install, lr=1e-9, num_sanity_val_steps=0)
+            tiny_fit(fashion_root, tmp_path / "full", safety=50, lr=1e-9, num_sanity_val_steps=0)
         seed_everything(2, verbose=False)
-        trainer = tiny_fit(fashion_root, tmp_path / "smoke", install=runtime.install, lr=1e-9, num_sanity_val_steps=0,
+        trainer = tiny_fit(fashion_root, tmp_path / "smoke", safety=50, lr=1e-9, num_sanity_val_steps=0,
                            limit_train_batches=2)
     assert trainer.global_step == 2 and trainer.callback_metrics["val/acc"] <= 0.11

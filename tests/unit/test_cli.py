@@ -42,7 +42,11 @@ def test_shorthand_and_full_keys_give_the_same_config(capsys, workdir):
 
 def test_default_config_is_loaded_without_flags(capsys, workdir):
     config = printed_config(capsys, [])
-    assert config["trainer"]["default_root_dir"] == "runs" and config["trainer"]["logger"] is None  # ours: run-named
+    assert config["trainer"]["default_root_dir"] == "runs"
+    assert config["trainer"]["logger"] == [{"class_path": "callbacks.run_record.MetricsCSV", "init_args": {
+        "save_dir": None, "name": None, "version": None, "default_hp_metric": False, "log_graph": False, "prefix": "",
+        "sub_dir": None, "comment": "", "purge_step": None, "max_queue": 10, "flush_secs": 120,
+        "filename_suffix": ""}}]  # save_dir and name filled in at the run: default_root_dir, the run's name
     callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
     assert "callbacks.ThroughputReport" in callbacks and "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
     assert config["model"]["network"]["class_path"] == "lightning_modules.networks.SmallCNN"

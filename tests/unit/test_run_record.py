@@ -5,7 +5,6 @@ import csv
 import os
 import time
 
-from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks.run_record import FILE_NAME, MetricsCSV, read_epochs, read_latest, read_run
 
@@ -22,11 +21,10 @@ def write_csv(path, rows):
 def test_a_resumed_run_drops_the_rows_from_its_resume_step_on_and_appends(tmp_path):
     """Resumed from step 8 (TensorBoard's purge_step): the first run's rows at steps 3 and 7 stay, those at 8 and 12
     (trained again after the resume) go; the new rows follow."""
-    run = TensorBoardLogger(tmp_path, name="mlp", version=0, purge_step=8)
     path = tmp_path / "mlp" / "version_0" / FILE_NAME
     write_csv(path, [{"step": 3, "epoch": 0, "train/loss": 1.0}, {"step": 7, "epoch": 0, "val/acc": 0.5},
                      {"step": 8, "epoch": 1, "train/loss": 0.9}, {"step": 12, "epoch": 1, "val/acc": 0.6}])
-    record = MetricsCSV(run)
+    record = MetricsCSV(str(tmp_path), name="mlp", version=0, purge_step=8)
     record.log_metrics({"epoch": 1, "train/loss": 0.7}, step=9)
     record.save()
     with open(path, newline="") as handle:
@@ -38,7 +36,7 @@ def test_a_resumed_run_drops_the_rows_from_its_resume_step_on_and_appends(tmp_pa
 
 
 def test_a_new_run_in_an_empty_folder_starts_the_file(tmp_path):
-    record = MetricsCSV(TensorBoardLogger(tmp_path, name="mlp", version=0))
+    record = MetricsCSV(str(tmp_path), name="mlp", version=0)
     record.log_metrics({"epoch": 0, "val/acc": 0.25}, step=4)
     record.finalize("success")
     assert read_latest(tmp_path / "mlp" / "version_0") == {"step": 4.0, "epoch": 0.0, "val/acc": 0.25}

@@ -6,7 +6,7 @@ import torch
 from lightning.pytorch import Callback
 
 from fashion_mnist_dp import runtime
-from tests.unit.conftest import tiny_fit
+from tests.unit.conftest import tiny_fit, with_safety
 
 EVERY = 200  # decision and log interval: no decision or log step inside the checked window
 
@@ -38,11 +38,8 @@ def test_a_hundred_steady_state_steps_never_synchronise(tmp_path, precision, cle
     data = write_fashion_mnist(tmp_path / "data", n_train=2 * 128)
     window = SyncFreeWindow()
 
-    def install(trainer):
-        runtime.install(trainer, check_every_n_steps=EVERY)
-        trainer.callbacks.append(window)
-
-    with runtime.guarded_process():
-        tiny_fit(data, tmp_path, install=install, batch_size=2, network="cnn", accelerator="gpu", precision=precision,
+    with runtime.guarded_process():  # the window last, as it was after every callback the CLI runs
+        tiny_fit(data, tmp_path, [*with_safety((), EVERY), window], plugins=[runtime.VerifiedCheckpointIO()],
+                 batch_size=2, network="cnn", accelerator="gpu", precision=precision,
                  log_every_n_steps=EVERY, limit_val_batches=0)
     assert window.checked >= 100
