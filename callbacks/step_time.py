@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 PARTS = ("data", "forward", "backward", "comm", "wait", "optimizer", "other")
 NAN = float("nan")
@@ -35,6 +35,7 @@ class StepMarks:
     end: float = NAN
     buckets: int = 0
     gradient_bytes: int = 0
+    window: int = 0  # the window between decision points: optimizer steps before this batch // check_every_n_steps
 
 
 @dataclass
@@ -138,6 +139,46 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
         busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=not same_clock)
 
 
+def by_window(marks: Sequence[StepMarks]) -> Dict[int, List[StepMarks]]:
+    """The batches of each window between decision points, windows in order."""
+    groups: Dict[int, List[StepMarks]] = {}
+    for m in marks:
+        groups.setdefault(m.window, []).append(m)
+    return groups
+
+
+def window_vector(window: RankEpoch) -> List[float]:
+    """What a rank sends of one window: its parts, then its overlapped seconds."""
+    return [*window.parts.values(), window.overlapped_s]
+
+
+def window_results(windows: Sequence[int], marks: Sequence[StepMarks], vectors: Sequence[Sequence[float]],
+                   epochs: Sequence[RankEpoch], same_clock: bool) -> List[Tuple[int, Breakdown]]:
+    """Each window's figures over the ranks: ``vectors`` holds per rank its :func:`window_vector` of each of
+    ``windows`` in turn; ``epochs`` the ranks' per-step arrivals and spans, split by the window of each synced step
+    (this rank's ``marks`` say which: every rank trains the same steps)."""
+    width = len(PARTS) + 1
+    step_windows = [m.window for m in marks if math.isfinite(m.arrival)]
+    results = []
+    for index, window in enumerate(windows):
+        chosen = [i for i, w in enumerate(step_windows) if w == window]
+        ranks = []
+        for epoch, vector in zip(epochs, vectors):
+            mine = vector[index * width:(index + 1) * width]
+            ranks.append(RankEpoch(dict(zip(PARTS, mine)), overlapped_s=mine[-1],
+                                   arrivals=[epoch.arrivals[i] for i in chosen if i < len(epoch.arrivals)],
+                                   spans=[epoch.spans[i] for i in chosen if i < len(epoch.spans)]))
+        results.append((window, combine(ranks, same_clock=same_clock)))
+    return results
+
+
+def window_metrics(result: Breakdown) -> Dict[str, float]:
+    """A window's columns: ``window/<part>/rank<k>`` in seconds, the slowest rank and its lead."""
+    values = {f"window/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)
+              for part, seconds in parts.items()}
+    return {**values, "window/slowest_rank": result.slowest_rank, "window/slowest_lead": result.slowest_lead}
+
+
 def metrics(result: Breakdown) -> Dict[str, float]:
     """The record's columns: ``time/<part>/rank<k>`` in seconds per epoch, then the run's figures."""
     values = {f"time/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)
@@ -180,10 +221,10 @@ class StepTimer:
         """Validation just ended: its time is no data wait."""
         self._last_end = self.clock()
 
-    def batch_start(self) -> None:
+    def batch_start(self, window: int = 0) -> None:
         now = self.clock()
         data = now - self._last_end if self._last_end is not None else 0.0
-        self._current = StepMarks(data_s=data, start=now)
+        self._current = StepMarks(data_s=data, start=now, window=window)
 
     def _mark(self, name: str) -> None:
         if self._current is not None:
@@ -205,8 +246,8 @@ class StepTimer:
             self._current = None
 
     def take_epoch(self) -> RankEpoch:
-        epoch, self.marks = summarise(self.marks), []
-        return epoch
+        """The epoch's summary; its batches' marks stay in ``marks`` until the next epoch starts."""
+        return summarise(self.marks)
 
     def wrap(self, hook: Callable) -> Callable:
         """A DDP communication hook that runs ``hook`` and notes when each bucket reached it; the future it returns is
@@ -236,5 +277,7 @@ def tensorboard_layout(breakdown: bool) -> Dict[str, Dict[str, list]]:
     if breakdown:
         layout["Step time per rank (s per epoch)"] = {
             part: ["Multiline", [rf"^time/{part}/rank\d+$"]] for part in PARTS}
+        layout["Step time per rank (s per window between decision points)"] = {
+            part: ["Multiline", [rf"^window/{part}/rank\d+$"]] for part in PARTS}
     return layout
 

@@ -122,21 +122,25 @@ def format_epoch_line(record: EpochRecord) -> str:
             f"{record.images_per_sec:.2f}, Val Loss = {num(record.val_loss)}, Val Acc = {num(record.val_acc)}")
 
 
-def log_to_loggers(trainer: Trainer, metrics: dict) -> None:
-    """Already-gathered global values straight to the loggers, rank 0 only (``self.log`` would reduce them again), at the
-    step just taken, beside ``val/*``: an epoch's figures stay below the step a resume purges from (fashion_mnist_dp/runtime/resume.py)."""
+def log_to_loggers(trainer: Trainer, metrics: dict, step: Optional[int] = None) -> None:
+    """Already-gathered global values straight to the loggers, rank 0 only (``self.log`` would reduce them again), at
+    ``step`` or the step just taken, beside ``val/*``: an epoch's figures stay below the step a resume purges from
+    (fashion_mnist_dp/runtime/resume.py)."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=max(trainer.global_step - 1, 0))
+            logger.log_metrics(metrics, step=max(trainer.global_step - 1 if step is None else step, 0))
 
 
 class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
-    def __init__(self, breakdown: bool = True) -> None:
-        """``breakdown``: the per-rank step-time breakdown (CPU ranks; on CUDA it is not measured yet)."""
+    def __init__(self, breakdown: bool = True, check_every_n_steps: int = 50) -> None:
+        """``breakdown``: the per-rank step-time breakdown (CPU ranks; on CUDA it is not measured yet), per epoch and
+        per window of ``check_every_n_steps`` optimizer steps, the ranks' decision points (train.py sets it from
+        ``--check_every_n_steps``)."""
         self.breakdown = breakdown
+        self.every = check_every_n_steps
         self.timer: Optional[step_time.StepTimer] = None  # set at train start when the breakdown runs
         self.clock = EpochClock()
         self.cumulative_s = 0.0
@@ -170,7 +174,7 @@ class ThroughputReport(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         self.clock.start_batch()
         if self.timer is not None:
-            self.timer.batch_start()
+            self.timer.batch_start(window=trainer.global_step // self.every)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss) -> None:
         if self.timer is not None:
@@ -217,7 +221,7 @@ class ThroughputReport(Callback):
         local = [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s]
         if steps is not None:
             local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans),
-                      steps.step_std_s]
+                      steps.step_std_s, len(step_time.by_window(self.timer.marks))]
         rows = self._gather(trainer, local)
         result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
@@ -251,20 +255,27 @@ class ThroughputReport(Callback):
         return trainer.strategy.all_gather(local).reshape(-1, len(values)).tolist()
 
     def _breakdown(self, trainer: Trainer, rows: List[List[float]], mine: step_time.RankEpoch):
-        """The ranks' step-time parts from the gathered rows, with each rank's per-step marks (a second collective,
-        once per epoch) to split comm from wait."""
-        epochs = []
-        for row in rows:
-            epoch = step_time.RankEpoch(dict(zip(step_time.PARTS, row[4:11])), overlapped_s=row[11],
-                                        gradient_bytes=int(row[12]), buckets=int(row[13]), step_std_s=row[15])
-            epochs.append(epoch)
-        synced = int(max(row[14] for row in rows))
-        if synced and len(rows) > 1:
-            pad = [math.nan] * (synced - len(mine.spans))
-            marks = self._gather(trainer, mine.arrivals + pad + mine.spans + pad)
-            for epoch, row in zip(epochs, marks):
-                epoch.arrivals, epoch.spans = row[:synced], row[synced:]
-        return step_time.combine(epochs, same_clock=trainer.num_nodes == 1)
+        """The ranks' step-time parts from the gathered rows; each rank's per-step marks (to split comm from wait) and
+        per-window parts travel in a second collective, once per epoch. Each window's figures are logged at its
+        decision step."""
+        epochs = [step_time.RankEpoch(dict(zip(step_time.PARTS, row[4:11])), overlapped_s=row[11],
+                                      gradient_bytes=int(row[12]), buckets=int(row[13]), step_std_s=row[15])
+                  for row in rows]
+        synced, windows = int(max(row[14] for row in rows)), int(max(row[16] for row in rows))
+        marks, groups = self.timer.marks, step_time.by_window(self.timer.marks)
+        sums = [value for group in groups.values() for value in step_time.window_vector(step_time.summarise(group))]
+        pad = [math.nan] * (synced - len(mine.spans)) if len(rows) > 1 else []
+        unused = [math.nan] * ((len(step_time.PARTS) + 1) * (windows - len(groups)))
+        mine_row = mine.arrivals + pad + mine.spans + pad + sums + unused
+        gathered = self._gather(trainer, mine_row) if len(rows) > 1 else [mine_row]
+        steps = len(mine.arrivals + pad)
+        for epoch, row in zip(epochs, gathered):
+            epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
+        same_clock, vectors = trainer.num_nodes == 1, [row[2 * steps:] for row in gathered]
+        for window, result in step_time.window_results(list(groups), marks, vectors, epochs, same_clock):
+            log_to_loggers(trainer, step_time.window_metrics(result),
+                           step=min((window + 1) * self.every, trainer.global_step) - 1)
+        return step_time.combine(epochs, same_clock=same_clock)
 
     def state_dict(self) -> dict:
         return {"cumulative_s": self.cumulative_s}

@@ -32,19 +32,22 @@ def run(tmp_path, fashion_root, *extra) -> dict:
     lines = [line for line in result.stdout.splitlines() if line.startswith("Step time (")]
     assert len(lines) == EPOCHS, result.stdout
     sums, slowest = {}, []
-    for row in read_rows(experiment_dir(tmp_path) / "version_0" / "metrics.csv"):
+    rows = read_rows(experiment_dir(tmp_path) / "version_0" / "metrics.csv")
+    for row in rows:
         for key, text in row.items():
             if key.startswith("time/") and key.count("/") == 2 and text:
                 sums[key] = sums.get(key, 0.0) + float(text)
         if row.get("time/slowest_rank"):
             slowest.append((int(float(row["time/slowest_rank"])), float(row["time/slowest_lead"])))
     parts = {rank: {part: sums[f"time/{part}/rank{rank}"] for part in PARTS} for rank in (0, 1)}
-    return {"parts": parts, "slowest": slowest, "lines": lines, "wall": {r: sum(p.values()) for r, p in parts.items()}}
+    windows = [row for row in rows if row.get("window/wait/rank0")]
+    return {"parts": parts, "slowest": slowest, "lines": lines, "wall": {r: sum(p.values()) for r, p in parts.items()},
+            "windows": windows}
 
 
 def test_a_rank_slower_by_a_known_delay_makes_the_other_wait_that_long(tmp_path, fashion_root):
     slow = run(tmp_path, fashion_root, "--trainer.callbacks+=tests.recorder.SlowRank",
-               f"--trainer.callbacks.seconds={DELAY_S}")
+               f"--trainer.callbacks.seconds={DELAY_S}", "--check_every_n_steps", "2")
     expected = DELAY_S * STEPS
     rank0, rank1 = slow["parts"][0], slow["parts"][1]
     assert rank0["wait"] == pytest.approx(expected, rel=0.2), slow
@@ -52,6 +55,12 @@ def test_a_rank_slower_by_a_known_delay_makes_the_other_wait_that_long(tmp_path,
     assert rank1["backward"] - rank0["backward"] == pytest.approx(expected, rel=0.2), slow  # where rank 1 spent it
     assert [rank for rank, _ in slow["slowest"]] == [1] * EPOCHS, slow
     assert all(line.startswith("Step time (slowest rank 1, +") for line in slow["lines"]), slow["lines"]
+    # per window between decision points (every 2 steps): 2 windows an epoch, each with 2 steps' delay
+    windows = slow["windows"]
+    assert [int(float(row["step"])) for row in windows] == [1, 3, 5, 7], windows
+    for row in windows:
+        assert float(row["window/wait/rank0"]) == pytest.approx(2 * DELAY_S, rel=0.2), row
+        assert float(row["window/wait/rank1"]) < 0.2 * 2 * DELAY_S and row["window/slowest_rank"] == "1.0", row
 
 
 def test_a_slower_data_loader_on_one_rank_shows_as_its_data_time_not_its_compute(tmp_path, fashion_root):
@@ -90,7 +99,7 @@ def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path
     layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
     scalars = events.Tags()["scalars"]
     charts = [chart for category in layout.category for chart in category.chart]
-    assert len(charts) == 3 + len(PARTS), layout
+    assert len(charts) == 3 + 2 * len(PARTS), layout  # and each part per epoch and per window
     for chart in charts:
         for pattern in chart.multiline.tag:
             assert [tag for tag in scalars if re.search(pattern, tag)], (chart.title, pattern, scalars)

@@ -4,8 +4,11 @@ faults: tests/test_step_time.py."""
 import pytest
 import torch
 
+from callbacks import ThroughputReport
+from callbacks.run_record import MetricsCSV, read_rows
 from callbacks.step_time import PARTS, RankEpoch, StepMarks, StepTimer, combine, format_line, metrics, split_wait, \
     summarise
+from tests.unit.conftest import tiny_fit
 
 
 def marks(start, data=0.01, forward=0.02, backward=0.03, span=0.01, gap=0.001, optimizer=0.004, first=0.01):
@@ -90,3 +93,19 @@ def test_the_timer_wraps_the_runs_own_comm_hook_and_notes_each_bucket():
     assert {k: round(v, 6) for k, v in epoch.parts.items()} == {
         "data": 0.5, "forward": 0.5, "backward": 0.5, "comm": 0.1, "wait": 0.0, "optimizer": 0.1, "other": 0.1}
     assert epoch.arrivals == [1.5] and epoch.overlapped_s == pytest.approx(0.3)
+
+
+def test_each_window_between_decision_points_is_logged_at_its_step_and_the_windows_add_up_to_the_epoch(
+        fashion_root, tmp_path):
+    """8 steps an epoch, a decision every 3: windows of 3, 3 and 2 steps, logged at steps 2, 5 and 7."""
+    logger = MetricsCSV(str(tmp_path), name="run", version=0)
+    tiny_fit(fashion_root, tmp_path, [ThroughputReport(check_every_n_steps=3)], logger=logger, limit_val_batches=0)
+    rows = read_rows(tmp_path / "run" / "version_0" / "metrics.csv")
+    windows = [row for row in rows if row.get("window/data/rank0")]
+    epoch = next(row for row in rows if row.get("time/data/rank0"))
+    assert [int(row["step"]) for row in windows] == [2, 5, 7]
+    assert all(row["window/slowest_rank"] == "0.0" for row in windows)
+    for part in PARTS:
+        total = sum(float(row[f"window/{part}/rank0"]) for row in windows)
+        assert total == pytest.approx(float(epoch[f"time/{part}/rank0"]), abs=1e-9), part
+    assert float(epoch["time/forward/rank0"]) > 0
