@@ -268,9 +268,6 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def to_target_cell(result: RunResult, target: float) -> str:
-    hit = result.to_target(target)
-    return "not reached" if hit is None else f"{hit['epoch']} / {hit['cumulative_s']:.1f} s"
 
 
 def lr_cell(summary: dict) -> str:
@@ -430,9 +427,6 @@ def time_text(results: Sequence[RunResult], wall_s: Optional[float], parallel: i
     return f"{grid}{runs:.1f} min of runs in all ({parallel} at a time)."
 
 
-def data_text(budget: Budget) -> str:
-    images = f"the first {budget.train_subset:,} training images" if budget.train_subset else "all 60,000 training images"
-    return f"network `{budget.network}`, seed {budget.seed}, {budget.epochs} epochs on {images}"
 
 
 def verdict_text(margin: float) -> str:
@@ -482,14 +476,4 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> No
         writer.writerows(rows)
 
 
-def target_fields(result: RunResult, target: float) -> list:
-    """[epoch, training seconds] of the first epoch at or above ``target``; empty strings when never reached."""
-    hit = result.to_target(target)
-    return [hit["epoch"], round(hit["cumulative_s"], 2)] if hit else ["", ""]
 
-
-def report_text(command: str, budget_line: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
-                margin: float) -> str:
-    """What a command writes to its .md file and prints: the command, the budget, the table, the verdict rules."""
-    return "\n".join([f"Command: `{command}`", "", budget_line, "", markdown_table(columns, rows), "",
-                      verdict_text(margin), ""])
