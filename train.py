@@ -11,8 +11,9 @@ What happens when you run it:
 1. The command line is rewritten (fashion_mnist_dp/cli/shorthand.py: no subcommand means ``fit``; ``--devices`` is
    ``--trainer.devices``...) and checked before anything starts (fashion_mnist_dp/cli/checks.py).
 2. LightningCLI builds the model, the data module and the Trainer from configs/default.yaml, your
-   ``--config`` files and flags (fashion_mnist_dp/cli/app.py). The run-time guards join every Trainer (fashion_mnist_dp/runtime/):
-   the ranks agree every ``--check_every_n_steps`` steps whether to stop (a signal, divergence).
+   ``--config`` files and flags (fashion_mnist_dp/cli/app.py). Every callback, logger and plugin of the run is in
+   that config (``--print_config``), the run-safety ones too (fashion_mnist_dp/runtime/): the ranks agree every
+   ``--check_every_n_steps`` steps whether to stop (a signal, divergence).
 3. ``--ckpt_path`` is resolved and the data checked once per node, in the launching process, so a
    bad input ends with one line before any rank starts.
 4. ``fit`` trains; rank 0 prints one line per epoch; after fit the best checkpoint is tested

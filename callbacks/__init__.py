@@ -1,7 +1,8 @@
 """The callbacks users list in YAML: throughput (the epoch line), memory, time to accuracy, predictions, stop at
 target, test pictures, an average of the weights for evaluation (WeightEMA), and the large-batch tools that act on the
 network (GhostBatchNorm, GradientNoise). The arithmetic lives in plain classes and functions the callbacks call; the
-run's record (metrics.csv) is run_record.py; the always-on guards live in runtime/."""
+run's record (metrics.csv) is run_record.py; the run-safety callbacks live in fashion_mnist_dp/runtime/ (all of
+them listed in configs/default.yaml)."""
 
 from callbacks.large_batch import GhostBatchNorm, GradientNoise
 from callbacks.memory import PeakMemory
