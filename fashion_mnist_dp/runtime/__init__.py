@@ -19,8 +19,7 @@ from fashion_mnist_dp.runtime.preemption import SIGNALS, Preemption, install_han
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "Preemption", "RngState",
-           "TrainingLoss", "VerifiedCheckpointIO", "check_order", "guarded_process",
-           "safety_off"]
+           "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order", "guarded_process", "safety_off"]
 
 # The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries
 # (docs/reliability.md has the test of each).
