@@ -34,7 +34,6 @@ import functools
 import inspect
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys

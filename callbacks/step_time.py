@@ -166,8 +166,8 @@ def window_results(windows: Sequence[int], marks: Sequence[StepMarks], vectors: 
         for epoch, vector in zip(epochs, vectors):
             mine = vector[index * width:(index + 1) * width]
             ranks.append(RankEpoch(dict(zip(PARTS, mine)), overlapped_s=mine[-1],
-                                   arrivals=[epoch.arrivals[i] for i in chosen if i < len(epoch.arrivals)],
-                                   spans=[epoch.spans[i] for i in chosen if i < len(epoch.spans)]))
+                                   arrivals=[epoch.arrivals[i] for i in chosen],
+                                   spans=[epoch.spans[i] for i in chosen]))
         results.append((window, combine(ranks, same_clock=same_clock)))
     return results
 

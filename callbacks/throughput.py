@@ -5,7 +5,7 @@ step time goes (callbacks/step_time.py), in the same record and the same epoch-e
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -218,15 +218,16 @@ class ThroughputReport(Callback):
         self._sync(trainer)
         mine = self.clock.end_epoch()
         steps = self.timer.take_epoch() if self.timer is not None else None
+        windows = step_time.by_window(self.timer.marks) if self.timer is not None else {}
         local = [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s]
         if steps is not None:
             local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans),
-                      steps.step_std_s, len(step_time.by_window(self.timer.marks))]
+                      steps.step_std_s, len(windows)]
         rows = self._gather(trainer, local)
         result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
         self.cumulative_s += result.epoch_s
-        breakdown = self._breakdown(trainer, rows, steps) if steps is not None else None
+        breakdown = self._breakdown(trainer, rows, steps, windows) if steps is not None else None
         log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
             "epoch": trainer.current_epoch,
             "throughput/images_per_sec": result.images_per_sec,
@@ -254,25 +255,24 @@ class ThroughputReport(Callback):
         local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
         return trainer.strategy.all_gather(local).reshape(-1, len(values)).tolist()
 
-    def _breakdown(self, trainer: Trainer, rows: List[List[float]], mine: step_time.RankEpoch):
-        """The ranks' step-time parts from the gathered rows; each rank's per-step marks (to split comm from wait) and
-        per-window parts travel in a second collective, once per epoch. Each window's figures are logged at its
-        decision step."""
+    def _breakdown(self, trainer: Trainer, rows: List[List[float]], mine: step_time.RankEpoch,
+                   windows: Dict[int, list]):
+        """The ranks' parts from the gathered rows; each rank's per-step marks (to split comm from wait) and ``windows``'
+        parts travel in a second collective, once per epoch. Each window's figures are logged at its decision step."""
         epochs = [step_time.RankEpoch(dict(zip(step_time.PARTS, row[4:11])), overlapped_s=row[11],
                                       gradient_bytes=int(row[12]), buckets=int(row[13]), step_std_s=row[15])
                   for row in rows]
-        synced, windows = int(max(row[14] for row in rows)), int(max(row[16] for row in rows))
-        marks, groups = self.timer.marks, step_time.by_window(self.timer.marks)
-        sums = [value for group in groups.values() for value in step_time.window_vector(step_time.summarise(group))]
+        synced, most = int(max(row[14] for row in rows)), int(max(row[16] for row in rows))
+        sums = [value for group in windows.values() for value in step_time.window_vector(step_time.summarise(group))]
         pad = [math.nan] * (synced - len(mine.spans)) if len(rows) > 1 else []
-        unused = [math.nan] * ((len(step_time.PARTS) + 1) * (windows - len(groups)))
+        unused = [math.nan] * ((len(step_time.PARTS) + 1) * (most - len(windows)))
         mine_row = mine.arrivals + pad + mine.spans + pad + sums + unused
         gathered = self._gather(trainer, mine_row) if len(rows) > 1 else [mine_row]
         steps = len(mine.arrivals + pad)
         for epoch, row in zip(epochs, gathered):
             epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
         same_clock, vectors = trainer.num_nodes == 1, [row[2 * steps:] for row in gathered]
-        for window, result in step_time.window_results(list(groups), marks, vectors, epochs, same_clock):
+        for window, result in step_time.window_results(list(windows), self.timer.marks, vectors, epochs, same_clock):
             log_to_loggers(trainer, step_time.window_metrics(result),
                            step=min((window + 1) * self.every, trainer.global_step) - 1)
         return step_time.combine(epochs, same_clock=same_clock)

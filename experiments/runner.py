@@ -268,8 +268,6 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-
-
 def lr_cell(summary: dict) -> str:
     """``0.01 → 0.04 (linear)``; the base alone when no rule changed it."""
     if not summary:
@@ -427,8 +425,6 @@ def time_text(results: Sequence[RunResult], wall_s: Optional[float], parallel: i
     return f"{grid}{runs:.1f} min of runs in all ({parallel} at a time)."
 
 
-
-
 def verdict_text(margin: float) -> str:
     return (f"Verdicts: diverged = exit 70 (training diverged) or a non-finite val loss/acc; degraded = best val acc "
             f"more than {margin:g} below the best run of the table; converged = within {margin:g} of it. Seconds are "
@@ -474,6 +470,3 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> No
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
-
-
-

@@ -110,12 +110,9 @@ class FashionMNISTCLI(LightningCLI):
         user's mistake: one line."""
         try:
             super().instantiate_classes()
+            runtime.check_order(self.trainer.callbacks)  # here, in the launching process, before any rank starts
         except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
             raise errors.ConfigError(errors.one_line(error)) from error
-        try:
-            runtime.check_order(self.trainer.callbacks)
-        except MisconfigurationException as error:
-            raise errors.ConfigError(str(error)) from error
         if hasattr(self.model, "start_notes"):
             self.model.start_notes = [*self._notes, *runtime.safety_off(self.trainer)]
 
