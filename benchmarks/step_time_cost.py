@@ -2,6 +2,7 @@
 epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios. Part of `make bench`.
 
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.step_time_cost [--pairs 10] [--devices 2]
+    ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
 Off is configs/default.yaml with ``callbacks.ThroughputReport``'s ``breakdown: false`` (a copy written to a scratch
 folder); everything else is the same command.
@@ -34,9 +35,10 @@ def config_without_breakdown(folder: Path) -> Path:
 
 
 def rate(args, extra) -> float:
-    strategy = ["--strategy", "ddp"] if args.devices > 1 else []
-    finished = launch.run_in_scratch([*extra, *strategy, "--devices", str(args.devices), "--accelerator", "cpu",
-                                      "--network", args.network, "--data.train_subset", str(args.train_subset),
+    precision = ["--trainer.precision", args.precision] if args.precision else []
+    finished = launch.run_in_scratch([*extra, *precision, "--strategy", "ddp", "--devices", str(args.devices),
+                                      "--accelerator", args.accelerator, "--network", args.network,
+                                      "--data.train_subset", str(args.train_subset),
                                       "--epochs", str(args.epochs), "--trainer.limit_val_batches", "1",
                                       "--test_after_fit", "false"], 1800, threads=1,
                                      read=lambda folder: read_run(folder / "runs"))
@@ -47,6 +49,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.step_time_cost", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--accelerator", default="cpu")
+    parser.add_argument("--precision", default=None)
     parser.add_argument("--network", default="cnn")
     parser.add_argument("--train_subset", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=3)
@@ -62,7 +66,7 @@ def main(argv=None) -> int:
             ratios.append(results["on"] / results["off"])
             print(f"pair {pair + 1}: on {results['on']:.0f}, off {results['off']:.0f} images/sec, on/off "
                   f"{ratios[-1]:.3f}", flush=True)
-    print(f"\n{args.devices} CPU rank(s) x 1 thread, {args.network}, {args.train_subset} images x {args.epochs} epochs "
+    print(f"\n{args.devices} {args.accelerator} rank(s) (ddp, {args.precision or '32-true'}), {args.network}, {args.train_subset} images x {args.epochs} epochs "
           f"(steady epochs 2..); {machine()}")
     print(f"breakdown on/off: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) "
           f"over {args.pairs} interleaved pairs; on {statistics.median(on):.0f}, off {statistics.median(off):.0f} "

@@ -2,20 +2,21 @@
 this rank's last gradient), ``comm`` (gradient all-reduce not hidden behind backward), ``wait`` (for the slowest
 rank), ``optimizer``, and ``other`` (what no part claims). The parts add up to the rank's training time.
 
-The clock is the host's monotonic one, shared by every process on a host, read at Lightning's hooks and in a DDP
-communication hook that wraps the run's own (or DDP's allreduce), never replacing it. After a rank's last gradient
-is ready (``arrival``: the last bucket reaches the hook) its backward returns once the all-reduce is done: that span
-is wait + transfer. On one host, wait = the latest rank's arrival − this rank's arrival, per step; across hosts the
-transfer is estimated as the shortest rank's span (an estimate, said so in the record). The ranks' per-step marks
-travel once per epoch, in the epoch-end gather the throughput report makes anyway: no collective per step.
-ThroughputReport owns it (one record); docs/reporting.md lists what it writes.
+Marks are taken at Lightning's hooks and in a DDP communication hook that wraps the run's own (or DDP's allreduce),
+never replacing it, on the host's monotonic clock (CPU ranks) or CUDA events read a step later (callbacks/
+step_clocks.py). After a rank's last gradient is ready (``arrival``: the last bucket reaches the hook) its backward
+returns once the all-reduce is done: that span is wait + transfer. Where the ranks share a clock (one host, CPU),
+wait = the latest rank's arrival − this rank's, per step; otherwise the transfer is estimated as the shortest rank's
+span (said so in the record). The ranks' per-step marks travel once per epoch, in the epoch-end gather the throughput
+report makes anyway: no collective per step. ThroughputReport owns it (one record); docs/reporting.md lists what it writes.
 """
 
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from callbacks.step_clocks import HostClock
 
 PARTS = ("data", "forward", "backward", "comm", "wait", "optimizer", "other")
 NAN = float("nan")
@@ -114,7 +115,7 @@ class Breakdown:
     buckets: int
     algbw_gbps: Optional[float]  # gradient bytes per second of exposed comm, per step
     busbw_gbps: Optional[float]  # algbw · 2(n−1)/n (nccl-tests' all-reduce bus bandwidth)
-    estimated: bool  # wait and comm across hosts: transfer estimated as the shortest rank's span
+    estimated: bool  # no clock shared by the ranks (hosts, GPUs): transfer estimated as the shortest rank's span
 
 
 def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
@@ -200,35 +201,39 @@ def format_line(result: Breakdown) -> str:
     wall = sum(mean.values()) or 1.0
     shares = {"compute": mean["forward"] + mean["backward"], **{p: mean[p] for p in PARTS[3:] + ("data",)}}
     order = ("compute", "comm", "wait", "data", "optimizer", "other")
-    estimate = ", comm/wait estimated across hosts" if result.estimated else ""
+    estimate = ", comm/wait estimated: no shared clock" if result.estimated else ""
     return (f"Step time (slowest rank {result.slowest_rank}, {result.slowest_lead:+.0%} over the median{estimate}): "
             + ", ".join(f"{name} {shares[name] / wall:.0%}" for name in order)).replace("%", " %")
 
 
 class StepTimer:
-    """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and from :meth:`wrap`'s comm hook."""
+    """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and :meth:`wrap`'s comm hook, on
+    ``clock`` (callbacks/step_clocks.py), read once it is past them: on a GPU a step or more later."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self.clock = clock
+    def __init__(self, clock: Optional[HostClock] = None) -> None:
+        self.clock = clock if clock is not None else HostClock()
         self.marks: List[StepMarks] = []
-        self._last_end: Optional[float] = None
-        self._current: Optional[StepMarks] = None
+        self._pending: List[dict] = []  # batches ended, their marks not read yet, oldest first
+        self._last_end = None
+        self._current: Optional[dict] = None
 
     def start_epoch(self) -> None:
-        self.marks, self._last_end, self._current = [], self.clock(), None
+        self.clock.start_epoch()
+        self.marks, self._pending, self._current = [], [], None
+        self._last_end = self.clock()
 
     def resume_after_pause(self) -> None:
         """Validation just ended: its time is no data wait."""
         self._last_end = self.clock()
 
     def batch_start(self, window: int = 0) -> None:
-        now = self.clock()
-        data = now - self._last_end if self._last_end is not None else 0.0
-        self._current = StepMarks(data_s=data, start=now, window=window)
+        self._read()
+        self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
+                         "buckets": 0, "gradient_bytes": 0}
 
     def _mark(self, name: str) -> None:
         if self._current is not None:
-            setattr(self._current, name, self.clock())
+            self._current["at"][name] = self.clock()
 
     def before_backward(self) -> None:
         self._mark("before_backward")
@@ -241,26 +246,38 @@ class StepTimer:
 
     def batch_end(self) -> None:
         if self._current is not None:
-            self._current.end = self._last_end = self.clock()
-            self.marks.append(self._current)
+            self._mark("end")
+            self._last_end = self._current["at"]["end"]
+            self._pending.append(self._current)
             self._current = None
 
+    def _read(self) -> None:
+        """The pending batches the clock is past, as StepMarks in seconds, oldest first (it passes them in order)."""
+        while self._pending and all(map(self.clock.ready, self._pending[0]["at"].values())):
+            batch = self._pending.pop(0)
+            at = {name: self.clock.seconds(mark) for name, mark in batch.pop("at").items()}
+            previous_end = at.pop("previous_end")
+            self.marks.append(StepMarks(data_s=at["start"] - previous_end, **at, **batch))
+
     def take_epoch(self) -> RankEpoch:
-        """The epoch's summary; its batches' marks stay in ``marks`` until the next epoch starts."""
+        """The epoch's summary, read to its last mark (at the epoch's end only); its batches' marks stay in ``marks``
+        until the next epoch starts."""
+        if self._pending:
+            self.clock.wait(self._pending[-1]["at"]["end"])
+        self._read()
         return summarise(self.marks)
 
     def wrap(self, hook: Callable) -> Callable:
-        """A DDP communication hook that runs ``hook`` and notes when each bucket reached it; the future it returns is
+        """A DDP communication hook that runs ``hook`` and marks when each bucket reached it; the future it returns is
         ``hook``'s own."""
 
         def timed(state, bucket):
             now, current = self.clock(), self._current
             if current is not None:
-                if current.buckets == 0:
-                    current.first_launch = now
-                current.arrival = now
-                current.buckets += 1
-                current.gradient_bytes += bucket.buffer().numel() * bucket.buffer().element_size()
+                current["at"].setdefault("first_launch", now)
+                current["at"]["arrival"] = now
+                current["buckets"] += 1
+                current["gradient_bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
             return hook(state, bucket)
 
         return timed

@@ -11,11 +11,13 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard.summary import custom_scalars
 
 from callbacks import step_time
+from callbacks.step_clocks import CudaEvents, HostClock
 from callbacks.run_record import EpochRecord
 from fashion_mnist_dp.runtime import compat
 
@@ -94,10 +96,8 @@ class GlobalThroughput:
 
 
 def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1) -> GlobalThroughput:
-    """All ranks' images over the slowest rank's time; data-wait and compute are rank means.
-
-    ``devices_per_rank``: GPUs one process drives (dp); the per-device rate divides by every device.
-    """
+    """All ranks' images over the slowest rank's time; data-wait and compute are rank means. ``devices_per_rank``:
+    GPUs one process drives (dp); the per-device rate divides by every device."""
     n = len(timings)
     images = sum(t.images for t in timings)
     seconds = max(t.seconds for t in timings)
@@ -124,8 +124,7 @@ def format_epoch_line(record: EpochRecord) -> str:
 
 def log_to_loggers(trainer: Trainer, metrics: dict, step: Optional[int] = None) -> None:
     """Already-gathered global values straight to the loggers, rank 0 only (``self.log`` would reduce them again), at
-    ``step`` or the step just taken, beside ``val/*``: an epoch's figures stay below the step a resume purges from
-    (fashion_mnist_dp/runtime/resume.py)."""
+    ``step`` or the step just taken, beside ``val/*``: below the step a resume purges from (runtime/resume.py)."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=max(trainer.global_step - 1 if step is None else step, 0))
@@ -136,12 +135,11 @@ class ThroughputReport(Callback):
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
     def __init__(self, breakdown: bool = True, check_every_n_steps: int = 50) -> None:
-        """``breakdown``: the per-rank step-time breakdown (CPU ranks; on CUDA it is not measured yet), per epoch and
-        per window of ``check_every_n_steps`` optimizer steps, the ranks' decision points (train.py sets it from
-        ``--check_every_n_steps``)."""
+        """``breakdown``: the per-rank step-time breakdown (CPU and CUDA ranks), per epoch and per window of
+        ``check_every_n_steps`` optimizer steps, the ranks' decision points (linked from ``--check_every_n_steps``)."""
         self.breakdown = breakdown
         self.every = check_every_n_steps
-        self.timer: Optional[step_time.StepTimer] = None  # set at train start when the breakdown runs
+        self.timer: Optional[step_time.StepTimer] = None  # set at setup when the breakdown runs
         self.clock = EpochClock()
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
@@ -152,13 +150,20 @@ class ThroughputReport(Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.breakdown and trainer.strategy.root_device.type == "cpu":
-            self.timer = step_time.StepTimer()
-            model = trainer.strategy.model
-            if isinstance(model, DistributedDataParallel):  # Lightning registers a comm hook on CUDA only
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """On CUDA, Lightning registers the strategy's DDP comm hook after this: the timed one goes in its place."""
+        device = trainer.strategy.root_device.type
+        if stage == "fit" and self.breakdown and device in ("cpu", "cuda"):
+            self.timer = step_time.StepTimer(HostClock() if device == "cpu" else CudaEvents())
+            if device == "cuda" and isinstance(trainer.strategy, DDPStrategy):
                 state, hook = compat.ddp_comm_hook(trainer.strategy)
-                model.register_comm_hook(state, self.timer.wrap(hook or default_hooks.allreduce_hook))
+                compat.set_ddp_comm_hook(trainer.strategy, self.timer.wrap(hook or allreduce_hook), state)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        model = trainer.strategy.model
+        if self.timer is not None and isinstance(model, DistributedDataParallel) and model.device_ids is None:
+            state, hook = compat.ddp_comm_hook(trainer.strategy)  # CPU: Lightning registers none, not the user's
+            model.register_comm_hook(state, self.timer.wrap(hook or allreduce_hook))
         if trainer.is_global_zero:
             layout = custom_scalars(step_time.tensorboard_layout(self.timer is not None))
             for logger in trainer.loggers:
@@ -169,7 +174,7 @@ class ThroughputReport(Callback):
         self._sync(trainer)
         self.clock.start_epoch()
         if self.timer is not None:
-            self.timer.start_epoch()
+            self.timer.start_epoch()  # on CUDA: its first event, after the device is synchronised
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         self.clock.start_batch()
@@ -200,8 +205,7 @@ class ThroughputReport(Callback):
         if self.timer is not None:
             self.timer.batch_end()
 
-    # Inside fit, validation runs with trainer.training False, so no stage check here: the clock
-    # ignores a pause outside a training epoch (sanity check, the validate subcommand).
+    # No stage check: the clock ignores a pause outside a training epoch (sanity check, the validate subcommand).
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
         self.clock.pause()
@@ -271,7 +275,7 @@ class ThroughputReport(Callback):
         steps = len(mine.arrivals + pad)
         for epoch, row in zip(epochs, gathered):
             epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
-        same_clock, vectors = trainer.num_nodes == 1, [row[2 * steps:] for row in gathered]
+        same_clock, vectors = trainer.num_nodes == 1 and self.timer.clock.shared_by_ranks, [r[2 * steps:] for r in gathered]
         for window, result in step_time.window_results(list(windows), self.timer.marks, vectors, epochs, same_clock):
             log_to_loggers(trainer, step_time.window_metrics(result),
                            step=min((window + 1) * self.every, trainer.global_step) - 1)
@@ -282,14 +286,10 @@ class ThroughputReport(Callback):
 
     @staticmethod
     def of(trainer: Trainer, user: Callback) -> "ThroughputReport":
-        """The run's ThroughputReport, for a callback (``user``) that reads ``cumulative_s`` at ``on_train_epoch_end``.
-
-        Callbacks run in list order, so the report must come first: then ``cumulative_s``
-        already includes the epoch that just ended, the number its epoch line prints.
-        """
+        """The run's ThroughputReport, for a callback (``user``) that reads ``cumulative_s`` at ``on_train_epoch_end``:
+        listed first, so that it includes the epoch that just ended, the number its epoch line prints."""
         callbacks = list(trainer.callbacks)
-        reports = [c for c in callbacks if isinstance(c, ThroughputReport)]
-        name = type(user).__name__
+        reports, name = [c for c in callbacks if isinstance(c, ThroughputReport)], type(user).__name__
         if not reports:
             raise MisconfigurationException(f"{name} needs callbacks.ThroughputReport in trainer.callbacks (its training time)")
         if callbacks.index(reports[0]) > callbacks.index(user):

@@ -6,6 +6,7 @@ import torch
 
 from callbacks import ThroughputReport
 from callbacks.run_record import MetricsCSV, read_rows
+from callbacks.step_clocks import HostClock
 from callbacks.step_time import PARTS, RankEpoch, StepMarks, StepTimer, combine, format_line, metrics, split_wait, \
     summarise
 from tests.unit.conftest import tiny_fit
@@ -72,7 +73,7 @@ class FakeBucket:
 
 def test_the_timer_wraps_the_runs_own_comm_hook_and_notes_each_bucket():
     now = iter([0.0, 0.5, 1.0, 1.2, 1.5, 1.6, 1.7, 1.8, 2.0, 2.1])
-    timer = StepTimer(clock=lambda: next(now))
+    timer = StepTimer(clock=HostClock(lambda: next(now)))
     calls = []
 
     def users_hook(state, bucket):
@@ -109,3 +110,89 @@ def test_each_window_between_decision_points_is_logged_at_its_step_and_the_windo
         total = sum(float(row[f"window/{part}/rank0"]) for row in windows)
         assert total == pytest.approx(float(epoch[f"time/{part}/rank0"]), abs=1e-9), part
     assert float(epoch["time/forward/rank0"]) > 0
+
+
+class LateMark:
+    def __init__(self, seconds):
+        self.at, self.passed = seconds, False
+
+
+class LateClock(HostClock):
+    """A device's clock as CudaEvents is: a mark is an event the device passes later (here: when the test says, or
+    ``lag`` marks later), and reading one it has not passed raises, as ``elapsed_time`` of a pending CUDA event does."""
+
+    shared_by_ranks = False
+
+    def __init__(self, now=None, lag=None):
+        super().__init__(*(now,) if now else ())
+        self.lag, self.made = lag, []
+
+    def __call__(self):
+        self.made.append(LateMark(self.now()))
+        if self.lag is not None and len(self.made) > self.lag:
+            self.made[-1 - self.lag].passed = True
+        return self.made[-1]
+
+    def ready(self, mark):
+        return mark.passed
+
+    def wait(self, mark):
+        for made in self.made[:self.made.index(mark) + 1]:
+            made.passed = True
+
+    def seconds(self, mark):
+        assert mark.passed, "read a mark the device has not passed: the host would wait"
+        return mark.at
+
+
+def test_a_device_clocks_marks_are_read_only_once_the_device_is_past_them_a_step_later_or_at_the_epochs_end():
+    now = iter([0.0, 0.5, 1.0, 1.5, 1.6, 1.7, 1.8, 2.0, 2.1, 2.5, 2.6, 2.7, 2.8])
+    clock = LateClock(lambda: next(now))
+    timer = StepTimer(clock=clock)
+    hook = timer.wrap(lambda state, bucket: None)
+    timer.start_epoch()  # 0.0
+    timer.batch_start()  # 0.5
+    timer.before_backward()  # 1.0
+    hook(None, FakeBucket(4))  # 1.5
+    timer.after_backward(), timer.before_optimizer(), timer.batch_end()  # 1.6 1.7 1.8
+    timer.batch_start()  # 2.0: the device is not past the first batch yet, so it stays unread
+    assert timer.marks == []
+    clock.wait(clock.made[-1])  # the device caught up: the first batch is read at the next batch's start
+    timer.before_backward(), timer.after_backward(), timer.before_optimizer(), timer.batch_end()  # 2.1 2.5 2.6 2.7
+    timer.batch_start()  # 2.8
+    assert [m.start for m in timer.marks] == [0.5] and timer.marks[0].arrival == 1.5
+    # the epoch's end waits for the device (its last mark): the rest is read there
+    assert timer.take_epoch().parts["data"] == pytest.approx(0.5 + 0.2)  # 1.8 to 2.0: the device idle
+    assert [m.start for m in timer.marks] == [0.5, 2.0]
+
+
+def test_a_run_on_a_clock_read_late_reports_every_step_as_the_host_clock_does(fashion_root, tmp_path, monkeypatch):
+    """The CUDA path's bookkeeping on CPU: ThroughputReport with a clock whose marks are readable two marks late
+    (reading one early fails the run) records all 8 steps, their parts adding up to the epoch."""
+    monkeypatch.setattr("callbacks.throughput.HostClock", lambda: LateClock(lag=2))
+    report = ThroughputReport(check_every_n_steps=3)
+    logger = MetricsCSV(str(tmp_path), name="run", version=0)
+    tiny_fit(fashion_root, tmp_path, [report], logger=logger, limit_val_batches=0)
+    marks = report.timer.marks
+    assert isinstance(report.timer.clock, LateClock) and len(marks) == 8
+    rows = read_rows(tmp_path / "run" / "version_0" / "metrics.csv")
+    epoch = next(row for row in rows if row.get("time/data/rank0"))
+    wall = sum(float(epoch[f"time/{part}/rank0"]) for part in PARTS)
+    assert wall == pytest.approx(marks[-1].end - (marks[0].start - marks[0].data_s))  # the epoch's first mark to last
+    assert float(epoch["time/forward/rank0"]) > 0 and [row["step"] for row in rows if row.get("window/data/rank0")] == [
+        "2", "5", "7"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_events_time_the_gpus_work_and_are_read_without_waiting_for_it():
+    from callbacks.step_clocks import CudaEvents
+
+    clock, x = CudaEvents(), torch.randn(4096, 4096, device="cuda")
+    clock.start_epoch()
+    before = clock()
+    for _ in range(20):
+        x = x @ x / 4096
+    after = clock()
+    assert not after.query()  # the host is ahead: a mark is not readable when made
+    torch.cuda.synchronize()
+    assert clock.ready(after) and clock.seconds(after) > clock.seconds(before) >= 0
