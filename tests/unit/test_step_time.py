@@ -196,3 +196,25 @@ def test_cuda_events_time_the_gpus_work_and_are_read_without_waiting_for_it():
     assert not after.query()  # the host is ahead: a mark is not readable when made
     torch.cuda.synchronize()
     assert clock.ready(after) and clock.seconds(after) > clock.seconds(before) >= 0
+
+
+def test_on_cuda_the_timed_hook_wraps_the_users_and_takes_its_place_before_lightning_registers_it(monkeypatch):
+    """Lightning registers ``DDPStrategy(ddp_comm_hook=...)`` on CUDA as it wraps the model, after ``setup``; the CUDA
+    events are a late clock here (no GPU needed)."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from fashion_mnist_dp.runtime import compat
+
+    monkeypatch.setattr("callbacks.throughput.CudaEvents", LateClock)
+    calls = []
+    strategy = DDPStrategy(parallel_devices=[torch.device("cuda", 0)],
+                           ddp_comm_hook=lambda state, bucket: calls.append(state) or "the user's future")
+    report = ThroughputReport()
+    report.setup(SimpleNamespace(strategy=strategy), None, "fit")
+    state, hook = compat.ddp_comm_hook(strategy)
+    report.timer.start_epoch(), report.timer.batch_start()
+    assert isinstance(report.timer.clock, LateClock) and hook(state, FakeBucket(3)) == "the user's future"
+    report.timer.batch_end()
+    assert calls == [state] and report.timer.take_epoch().buckets == 1  # the bucket marked, on the late clock
