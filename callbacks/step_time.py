@@ -2,21 +2,20 @@
 this rank's last gradient), ``comm`` (gradient all-reduce not hidden behind backward), ``wait`` (for the slowest
 rank), ``optimizer``, and ``other`` (what no part claims). The parts add up to the rank's training time.
 
-Marks are taken at Lightning's hooks and in a DDP communication hook that wraps the run's own (or DDP's allreduce),
-never replacing it, on the host's monotonic clock (CPU ranks) or CUDA events read a step later (callbacks/
-step_clocks.py). After a rank's last gradient is ready (``arrival``: the last bucket reaches the hook) its backward
-returns once the all-reduce is done: that span is wait + transfer. Where the ranks share a clock (one host, CPU),
+Marks are taken at Lightning's hooks, in a DDP communication hook that wraps the run's own (or DDP's allreduce) and
+around fsdp's collectives (callbacks/step_marks.py). After a rank's last gradient is ready (``arrival``: the last
+bucket reaches the hook) its backward returns once the all-reduce is done: that span is wait + transfer; under fsdp
+the span is its collectives' time. Where the ranks share a clock (one host, CPU) and each has one arrival (ddp),
 wait = the latest rank's arrival − this rank's, per step; otherwise the transfer is estimated as the shortest rank's
 span (said so in the record). The ranks' per-step marks travel once per epoch, in the epoch-end gather the throughput
-report makes anyway: no collective per step. ThroughputReport owns it (one record); docs/reporting.md lists what it writes.
+report makes anyway: no collective per step. ThroughputReport owns it (one record); docs/reporting.md lists what it
+writes.
 """
 
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
-
-from callbacks.step_clocks import HostClock
+from typing import Dict, List, Optional, Sequence, Tuple
 
 PARTS = ("data", "forward", "backward", "comm", "wait", "optimizer", "other")
 NAN = float("nan")
@@ -37,6 +36,7 @@ class StepMarks:
     buckets: int = 0
     gradient_bytes: int = 0
     window: int = 0  # the window between decision points: optimizer steps before this batch // check_every_n_steps
+    collectives: List[Tuple[float, float]] = field(default_factory=list)  # fsdp's, inside forward and backward
 
 
 @dataclass
@@ -61,6 +61,11 @@ def _span(end: float, start: float) -> float:
     return end - start if math.isfinite(end) and math.isfinite(start) else 0.0
 
 
+def synced(m: StepMarks) -> bool:
+    """The ranks synchronised in this step: DDP's comm hook saw its buckets, or fsdp's collectives ran."""
+    return math.isfinite(m.arrival) or bool(m.collectives)
+
+
 def summarise(marks: Sequence[StepMarks]) -> RankEpoch:
     """A rank's epoch from its batches' marks. ``comm`` holds wait + transfer until :func:`split_wait`."""
     epoch = RankEpoch()
@@ -69,17 +74,19 @@ def summarise(marks: Sequence[StepMarks]) -> RankEpoch:
         p = epoch.parts
         p["data"] += m.data_s
         backward_end = m.arrival if math.isfinite(m.arrival) else m.after_backward
-        p["forward"] += _span(m.before_backward, m.start)
-        p["backward"] += _span(backward_end, m.before_backward)
-        p["comm"] += _span(m.after_backward, backward_end)
+        in_forward = sum(end - start for start, end in m.collectives if start < m.before_backward)
+        inside = sum(end - start for start, end in m.collectives)
+        p["forward"] += _span(m.before_backward, m.start) - in_forward
+        p["backward"] += _span(backward_end, m.before_backward) - (inside - in_forward)
+        p["comm"] += _span(m.after_backward, backward_end) + inside
         p["optimizer"] += _span(m.end, m.before_optimizer)
         claimed = sum(_span(*pair) for pair in ((m.before_backward, m.start), (backward_end, m.before_backward),
                                                 (m.after_backward, backward_end), (m.end, m.before_optimizer)))
         p["other"] += max(0.0, _span(m.end, m.start) - claimed)
-        busy.append(m.data_s + _span(m.end, m.start) - _span(m.after_backward, backward_end))
-        if math.isfinite(m.arrival):
-            epoch.arrivals.append(m.arrival)
-            epoch.spans.append(_span(m.after_backward, m.arrival))
+        busy.append(m.data_s + _span(m.end, m.start) - _span(m.after_backward, backward_end) - inside)
+        if synced(m):
+            epoch.arrivals.append(m.arrival)  # NaN under fsdp: no one arrival, so its wait is estimated
+            epoch.spans.append(_span(m.after_backward, m.arrival) + inside)
             epoch.overlapped_s += _span(m.arrival, m.first_launch)
             epoch.gradient_bytes, epoch.buckets = m.gradient_bytes, m.buckets
     epoch.step_std_s = statistics.stdev(busy) if len(busy) > 1 else 0.0
@@ -88,16 +95,18 @@ def summarise(marks: Sequence[StepMarks]) -> RankEpoch:
 
 def split_wait(arrivals: Sequence[Sequence[float]], spans: Sequence[Sequence[float]],
                same_clock: bool) -> List[float]:
-    """Each rank's wait over the epoch's synced steps. ``same_clock`` (one host): the latest rank's arrival − this
-    rank's, at most its span; otherwise the span less the shortest rank's (the transfer, estimated)."""
+    """Each rank's wait over the epoch's synced steps. ``same_clock`` (one host) and one arrival per rank (ddp): the
+    latest rank's arrival − this rank's, at most its span; otherwise the span less the shortest rank's (the
+    transfer, estimated)."""
     waits = [0.0] * len(arrivals)
-    for step in range(min((len(a) for a in arrivals), default=0)):
-        if any(math.isnan(a[step]) or math.isnan(s[step]) for a, s in zip(arrivals, spans)):
+    for step in range(min((len(s) for s in spans), default=0)):
+        if any(math.isnan(s[step]) for s in spans):
             continue  # a rank synced fewer steps (padding): not comparable
+        exact = same_clock and all(math.isfinite(a[step]) for a in arrivals)
         latest = max(a[step] for a in arrivals)
         shortest = min(s[step] for s in spans)
         for rank, (a, s) in enumerate(zip(arrivals, spans)):
-            wait = latest - a[step] if same_clock else s[step] - shortest
+            wait = latest - a[step] if exact else s[step] - shortest
             waits[rank] += min(max(wait, 0.0), s[step])
     return waits
 
@@ -115,7 +124,7 @@ class Breakdown:
     buckets: int
     algbw_gbps: Optional[float]  # gradient bytes per second of exposed comm, per step
     busbw_gbps: Optional[float]  # algbw · 2(n−1)/n (nccl-tests' all-reduce bus bandwidth)
-    estimated: bool  # no clock shared by the ranks (hosts, GPUs): transfer estimated as the shortest rank's span
+    estimated: bool  # no shared clock (hosts, GPUs) or no one arrival (fsdp): transfer = the shortest rank's span
 
 
 def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
@@ -132,12 +141,14 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
     comm = statistics.mean(p["comm"] for p in ranks)
     overlapped = statistics.mean(e.overlapped_s for e in epochs)
     n, grad_bytes = len(epochs), max((e.gradient_bytes for e in epochs), default=0)
-    algbw = grad_bytes * steps / comm / 1e9 if comm > 0 and steps else None
+    algbw = grad_bytes * steps / comm / 1e9 if comm > 0 and steps and grad_bytes else None
+    estimated = not same_clock or any(math.isnan(a) and math.isfinite(s) for e in epochs
+                                      for a, s in zip(e.arrivals, e.spans))
     return Breakdown(
         ranks=ranks, step_std_s=[e.step_std_s for e in epochs], slowest_rank=slowest, slowest_lead=busy[slowest] / median - 1 if median > 0 else 0.0,
         hidden_share=overlapped / (overlapped + comm) if steps and overlapped + comm > 0 else None,
         gradient_bytes=grad_bytes, buckets=max((e.buckets for e in epochs), default=0), algbw_gbps=algbw,
-        busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=not same_clock)
+        busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=estimated)
 
 
 def by_window(marks: Sequence[StepMarks]) -> Dict[int, List[StepMarks]]:
@@ -159,7 +170,7 @@ def window_results(windows: Sequence[int], marks: Sequence[StepMarks], vectors: 
     ``windows`` in turn; ``epochs`` the ranks' per-step arrivals and spans, split by the window of each synced step
     (this rank's ``marks`` say which: every rank trains the same steps)."""
     width = len(PARTS) + 1
-    step_windows = [m.window for m in marks if math.isfinite(m.arrival)]
+    step_windows = [m.window for m in marks if synced(m)]
     results = []
     for index, window in enumerate(windows):
         chosen = [i for i, w in enumerate(step_windows) if w == window]
@@ -201,86 +212,9 @@ def format_line(result: Breakdown) -> str:
     wall = sum(mean.values()) or 1.0
     shares = {"compute": mean["forward"] + mean["backward"], **{p: mean[p] for p in PARTS[3:] + ("data",)}}
     order = ("compute", "comm", "wait", "data", "optimizer", "other")
-    estimate = ", comm/wait estimated: no shared clock" if result.estimated else ""
+    estimate = ", comm/wait estimated" if result.estimated else ""
     return (f"Step time (slowest rank {result.slowest_rank}, {result.slowest_lead:+.0%} over the median{estimate}): "
             + ", ".join(f"{name} {shares[name] / wall:.0%}" for name in order)).replace("%", " %")
-
-
-class StepTimer:
-    """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and :meth:`wrap`'s comm hook, on
-    ``clock`` (callbacks/step_clocks.py), read once it is past them: on a GPU a step or more later."""
-
-    def __init__(self, clock: Optional[HostClock] = None) -> None:
-        self.clock = clock if clock is not None else HostClock()
-        self.marks: List[StepMarks] = []
-        self._pending: List[dict] = []  # batches ended, their marks not read yet, oldest first
-        self._last_end = None
-        self._current: Optional[dict] = None
-
-    def start_epoch(self) -> None:
-        self.clock.start_epoch()
-        self.marks, self._pending, self._current = [], [], None
-        self._last_end = self.clock()
-
-    def resume_after_pause(self) -> None:
-        """Validation just ended: its time is no data wait."""
-        self._last_end = self.clock()
-
-    def batch_start(self, window: int = 0) -> None:
-        self._read()
-        self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
-                         "buckets": 0, "gradient_bytes": 0}
-
-    def _mark(self, name: str) -> None:
-        if self._current is not None:
-            self._current["at"][name] = self.clock()
-
-    def before_backward(self) -> None:
-        self._mark("before_backward")
-
-    def after_backward(self) -> None:
-        self._mark("after_backward")
-
-    def before_optimizer(self) -> None:
-        self._mark("before_optimizer")
-
-    def batch_end(self) -> None:
-        if self._current is not None:
-            self._mark("end")
-            self._last_end = self._current["at"]["end"]
-            self._pending.append(self._current)
-            self._current = None
-
-    def _read(self) -> None:
-        """The pending batches the clock is past, as StepMarks in seconds, oldest first (it passes them in order)."""
-        while self._pending and all(map(self.clock.ready, self._pending[0]["at"].values())):
-            batch = self._pending.pop(0)
-            at = {name: self.clock.seconds(mark) for name, mark in batch.pop("at").items()}
-            previous_end = at.pop("previous_end")
-            self.marks.append(StepMarks(data_s=at["start"] - previous_end, **at, **batch))
-
-    def take_epoch(self) -> RankEpoch:
-        """The epoch's summary, read to its last mark (at the epoch's end only); its batches' marks stay in ``marks``
-        until the next epoch starts."""
-        if self._pending:
-            self.clock.wait(self._pending[-1]["at"]["end"])
-        self._read()
-        return summarise(self.marks)
-
-    def wrap(self, hook: Callable) -> Callable:
-        """A DDP communication hook that runs ``hook`` and marks when each bucket reached it; the future it returns is
-        ``hook``'s own."""
-
-        def timed(state, bucket):
-            now, current = self.clock(), self._current
-            if current is not None:
-                current["at"].setdefault("first_launch", now)
-                current["at"]["arrival"] = now
-                current["buckets"] += 1
-                current["gradient_bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
-            return hook(state, bucket)
-
-        return timed
 
 
 def tensorboard_layout(breakdown: bool) -> Dict[str, Dict[str, list]]:

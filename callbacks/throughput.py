@@ -11,13 +11,11 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import DDPStrategy
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard.summary import custom_scalars
 
 from callbacks import step_time
-from callbacks.step_clocks import CudaEvents, HostClock
+from callbacks import step_marks
+from callbacks.step_marks import CudaEvents, HostClock, StepTimer
 from callbacks.run_record import EpochRecord
 from fashion_mnist_dp.runtime import compat
 
@@ -139,7 +137,7 @@ class ThroughputReport(Callback):
         ``check_every_n_steps`` optimizer steps, the ranks' decision points (linked from ``--check_every_n_steps``)."""
         self.breakdown = breakdown
         self.every = check_every_n_steps
-        self.timer: Optional[step_time.StepTimer] = None  # set at setup when the breakdown runs
+        self.timer: Optional[StepTimer] = None  # set at setup when the breakdown runs
         self.clock = EpochClock()
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
@@ -151,19 +149,14 @@ class ThroughputReport(Callback):
             torch.cuda.synchronize(trainer.strategy.root_device)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """On CUDA, Lightning registers the strategy's DDP comm hook after this: the timed one goes in its place."""
         device = trainer.strategy.root_device.type
         if stage == "fit" and self.breakdown and device in ("cpu", "cuda"):
-            self.timer = step_time.StepTimer(HostClock() if device == "cpu" else CudaEvents())
-            if device == "cuda" and isinstance(trainer.strategy, DDPStrategy):
-                state, hook = compat.ddp_comm_hook(trainer.strategy)
-                compat.set_ddp_comm_hook(trainer.strategy, self.timer.wrap(hook or allreduce_hook), state)
+            self.timer = StepTimer(HostClock() if device == "cpu" else CudaEvents())
+            step_marks.time_before_setup(self.timer, trainer.strategy)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        model = trainer.strategy.model
-        if self.timer is not None and isinstance(model, DistributedDataParallel) and model.device_ids is None:
-            state, hook = compat.ddp_comm_hook(trainer.strategy)  # CPU: Lightning registers none, not the user's
-            model.register_comm_hook(state, self.timer.wrap(hook or allreduce_hook))
+        if self.timer is not None:
+            step_marks.time_after_setup(self.timer, trainer.strategy, pl_module)
         if trainer.is_global_zero:
             layout = custom_scalars(step_time.tensorboard_layout(self.timer is not None))
             for logger in trainer.loggers:

@@ -22,10 +22,10 @@ EPOCHS = 2
 STEPS = EPOCHS * 4  # 256 images / (2 ranks x 32) per epoch
 
 
-def run(tmp_path, fashion_root, *extra) -> dict:
-    """A 2-rank ddp run of the mlp; its parts per rank, summed over the epochs, and its epoch lines' breakdown."""
+def run(tmp_path, fashion_root, *extra, strategy="ddp") -> dict:
+    """A 2-rank run of the mlp; its parts per rank, summed over the epochs, and its epoch lines' breakdown."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    result = run_train(["--strategy", "ddp", "--devices", "2", "--accelerator", "cpu", "--network", "mlp",
+    result = run_train(["--strategy", strategy, "--devices", "2", "--accelerator", "cpu", "--network", "mlp",
                         "--batch_size", "32", "--epochs", str(EPOCHS), "--data_dir", str(fashion_root),
                         "--test_after_fit", "false", "--data.num_workers", "0", *extra], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -83,6 +83,23 @@ def test_a_slower_all_reduce_shows_as_comm_on_both_ranks_and_no_straggler(tmp_pa
         assert slow["parts"][rank]["comm"] - clean["parts"][rank]["comm"] == pytest.approx(expected, rel=0.2), \
             (rank, clean, slow)
     assert all(lead <= 0.05 for _, lead in slow["slowest"]), slow
+
+
+def test_under_fsdp_its_collectives_are_comm_and_a_slower_rank_makes_the_other_wait_that_long(tmp_path, fashion_root):
+    """fsdp's all-gathers and reduce-scatters run inside forward and backward; timed, they leave them for ``comm``,
+    and the wait in them is estimated (each rank's excess over the shortest rank's, per step)."""
+    clean = run(tmp_path / "clean", fashion_root, strategy="fsdp")
+    slow = run(tmp_path / "slow", fashion_root, "--trainer.callbacks+=tests.recorder.SlowRank",
+               f"--trainer.callbacks.seconds={DELAY_S}", strategy="fsdp")
+    expected = DELAY_S * STEPS
+    for rank in (0, 1):
+        assert clean["parts"][rank]["comm"] > 0 and clean["parts"][rank]["other"] <= 0.05 * clean["wall"][rank], clean
+    assert slow["parts"][0]["wait"] == pytest.approx(expected, rel=0.2), slow
+    assert slow["parts"][1]["wait"] < 0.2 * expected and abs(slow["parts"][0]["comm"] - slow["parts"][1]["comm"]) < \
+        0.2 * expected, slow
+    assert slow["parts"][1]["backward"] - slow["parts"][0]["backward"] == pytest.approx(expected, rel=0.2), slow
+    assert [rank for rank, _ in slow["slowest"]] == [1] * EPOCHS, slow
+    assert all("comm/wait estimated" in line for line in slow["lines"]), slow["lines"]
 
 
 def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path, fashion_root):

@@ -73,6 +73,13 @@ def set_ddp_comm_hook(strategy, hook, state=None) -> None:
     strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state
 
 
+def fsdp_collectives(module) -> tuple:
+    """An FSDP2 module's all-gather and reduce-scatter, to wrap (``set_custom_all_gather`` and
+    ``set_custom_reduce_scatter`` have no getter); (None, None) unless it has one parameter group, as they need."""
+    groups = module._get_fsdp_state()._fsdp_param_groups
+    return (groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm) if len(groups) == 1 else (None, None)
+
+
 def launched_children(trainer: Trainer) -> List[Any]:
     """The rank processes Lightning's launcher started from this process (none in a rank it started)."""
     procs = getattr(trainer.strategy.launcher, "procs", None) if trainer.strategy.launcher is not None else None
@@ -105,6 +112,7 @@ def _required() -> List[tuple]:
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning.fabric.plugins.environments import LightningEnvironment
+    from torch.distributed.fsdp import FSDPModule
     from torch.utils.tensorboard import SummaryWriter
 
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
@@ -117,7 +125,7 @@ def _required() -> List[tuple]:
         (trainer.fit_loop, "_data_fetcher"),
         (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
-        (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"),
+        (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"), (FSDPModule, "_get_fsdp_state"),
         (ModelParallelStrategy(), "_tensor_parallel_size"),
         # A hook fashion_mnist_dp/strategies/ overrides: dp's one-process launcher check.
         (ParallelStrategy, "_configure_launcher"),

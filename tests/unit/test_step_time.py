@@ -6,9 +6,8 @@ import torch
 
 from callbacks import ThroughputReport
 from callbacks.run_record import MetricsCSV, read_rows
-from callbacks.step_clocks import HostClock
-from callbacks.step_time import PARTS, RankEpoch, StepMarks, StepTimer, combine, format_line, metrics, split_wait, \
-    summarise
+from callbacks.step_marks import HostClock, StepTimer
+from callbacks.step_time import PARTS, RankEpoch, StepMarks, combine, format_line, metrics, split_wait, summarise
 from tests.unit.conftest import tiny_fit
 
 
@@ -61,6 +60,20 @@ def test_the_epoch_over_ranks_names_the_slowest_its_lead_and_the_all_reduce_band
     assert {key for key in values if key.endswith("/rank1")} == {f"time/{part}/rank1" for part in (*PARTS, "step_std_s")}
     assert format_line(result) == ("Step time (slowest rank 1, +11 % over the median): compute 87 %, comm 4 %, "
                                    "wait 10 %, data 0 %, optimizer 0 %, other 0 %")
+
+
+def test_fsdps_collectives_are_comm_and_its_wait_is_estimated_as_the_excess_over_the_shortest_rank():
+    def fsdp_step(scatter):  # an all-gather of 20 ms in forward, a reduce-scatter of ``scatter`` in backward
+        return StepMarks(data_s=0.0, start=0.0, before_backward=0.1, after_backward=0.3, before_optimizer=0.3,
+                         end=0.31, collectives=[(0.01, 0.03), (0.2, 0.2 + scatter)])
+
+    early, late = summarise([fsdp_step(0.08)]), summarise([fsdp_step(0.02)])  # the early rank waited 60 ms
+    assert early.parts["forward"] == pytest.approx(0.08) and early.parts["backward"] == pytest.approx(0.12)
+    assert early.parts["comm"] == pytest.approx(0.10) and early.spans == pytest.approx([0.10])
+    result = combine([early, late])  # one host, but no one arrival per rank: estimated
+    assert result.ranks[0]["wait"] == pytest.approx(0.06) and result.ranks[0]["comm"] == pytest.approx(0.04)
+    assert result.ranks[1]["wait"] == 0 and result.slowest_rank == 1 and result.algbw_gbps is None
+    assert result.estimated and "over the median, comm/wait estimated)" in format_line(result)
 
 
 class FakeBucket:
@@ -185,7 +198,7 @@ def test_a_run_on_a_clock_read_late_reports_every_step_as_the_host_clock_does(fa
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_events_time_the_gpus_work_and_are_read_without_waiting_for_it():
-    from callbacks.step_clocks import CudaEvents
+    from callbacks.step_marks import CudaEvents
 
     clock, x = CudaEvents(), torch.randn(4096, 4096, device="cuda")
     clock.start_epoch()

@@ -1,0 +1,201 @@
+"""Taking the step-time breakdown's marks (the arithmetic over them: callbacks/step_time.py). A clock makes a mark
+now and reads it later, once ``ready``: on CPU ranks the host's monotonic clock (read at once; shared by every
+process on a host), on CUDA ranks an event on the GPU's own timeline (read a step or more later, so the host never
+waits for the device). The timer takes its marks at Lightning's hooks, in a DDP communication hook wrapping the
+run's own, and around FSDP2's all-gathers and reduce-scatters."""
+
+import time
+from typing import Callable, List, Optional
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
+
+from callbacks.step_time import RankEpoch, StepMarks, summarise
+from fashion_mnist_dp.runtime import compat
+
+
+class HostClock:
+    """The host's monotonic clock: the device is the host, so a mark is its time, ready at once."""
+
+    shared_by_ranks = True  # one host: the ranks' marks compare, so wait is exact
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now()
+
+    def start_epoch(self) -> None:
+        """Marks are absolute seconds: no origin to set."""
+
+    def ready(self, mark: float) -> bool:
+        return True
+
+    def wait(self, mark: float) -> None:
+        """Only at an epoch's end, where the figures synchronise the device anyway."""
+
+    def seconds(self, mark: float) -> float:
+        return mark
+
+
+class CudaEvents:
+    """Marks on the GPU's timeline: a timing CUDA event recorded on the current stream (where the step's kernels and
+    DDP's wait for its all-reduce are queued). A mark is read, in seconds from the epoch's first event, only once
+    ``query()`` says the GPU has passed it (a non-blocking poll); the epoch's last marks are read after ``wait``, at
+    the epoch's end, where the epoch's figures synchronise the device anyway. Each GPU's timeline is its own: the ranks' marks do
+    not compare, so wait is estimated (callbacks/step_time.py, ``split_wait``)."""
+
+    shared_by_ranks = False
+
+    def __init__(self) -> None:
+        self._origin: Optional[torch.cuda.Event] = None
+
+    def __call__(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def start_epoch(self) -> None:
+        self._origin = self()
+
+    def ready(self, mark: torch.cuda.Event) -> bool:
+        return mark.query()
+
+    def wait(self, mark: torch.cuda.Event) -> None:
+        mark.synchronize()
+
+    def seconds(self, mark: torch.cuda.Event) -> float:
+        return self._origin.elapsed_time(mark) / 1000.0
+
+
+def _marks_of(batch: dict) -> list:
+    return [*batch["at"].values(), *(mark for span in batch["collectives"] for mark in span)]
+
+
+class StepTimer:
+    """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and :meth:`wrap`'s comm hook, on
+    a clock above, read once it is past them: on a GPU a step or more later."""
+
+    def __init__(self, clock: Optional[HostClock] = None) -> None:
+        self.clock = clock if clock is not None else HostClock()
+        self.marks: List[StepMarks] = []
+        self._pending: List[dict] = []  # batches ended, their marks not read yet, oldest first
+        self._last_end = None
+        self._current: Optional[dict] = None
+
+    def start_epoch(self) -> None:
+        self.clock.start_epoch()
+        self.marks, self._pending, self._current = [], [], None
+        self._last_end = self.clock()
+
+    def resume_after_pause(self) -> None:
+        """Validation just ended: its time is no data wait."""
+        self._last_end = self.clock()
+
+    def batch_start(self, window: int = 0) -> None:
+        self._read()
+        self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
+                         "buckets": 0, "gradient_bytes": 0, "collectives": []}
+
+    def _mark(self, name: str) -> None:
+        if self._current is not None:
+            self._current["at"][name] = self.clock()
+
+    def before_backward(self) -> None:
+        self._mark("before_backward")
+
+    def after_backward(self) -> None:
+        self._mark("after_backward")
+
+    def before_optimizer(self) -> None:
+        self._mark("before_optimizer")
+
+    def batch_end(self) -> None:
+        if self._current is not None:
+            self._mark("end")
+            self._last_end = self._current["at"]["end"]
+            self._pending.append(self._current)
+            self._current = None
+
+    def _read(self) -> None:
+        """The pending batches the clock is past, as StepMarks in seconds, oldest first (it passes them in order)."""
+        while self._pending and all(map(self.clock.ready, _marks_of(self._pending[0]))):
+            batch, read = self._pending.pop(0), self.clock.seconds
+            at = {name: read(mark) for name, mark in batch.pop("at").items()}
+            batch["collectives"] = [(read(start), read(end)) for start, end in batch["collectives"]]
+            previous_end = at.pop("previous_end")
+            self.marks.append(StepMarks(data_s=at["start"] - previous_end, **at, **batch))
+
+    def take_epoch(self) -> RankEpoch:
+        """The epoch's summary, read to its last mark (at the epoch's end only); its batches' marks stay in ``marks``
+        until the next epoch starts."""
+        if self._pending:
+            self.clock.wait(self._pending[-1]["at"]["end"])
+        self._read()
+        return summarise(self.marks)
+
+    def wrap(self, hook: Callable) -> Callable:
+        """A DDP communication hook that runs ``hook`` and marks when each bucket reached it; the future it returns is
+        ``hook``'s own."""
+
+        def timed(state, bucket):
+            now, current = self.clock(), self._current
+            if current is not None:
+                current["at"].setdefault("first_launch", now)
+                current["at"]["arrival"] = now
+                current["buckets"] += 1
+                current["gradient_bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+            return hook(state, bucket)
+
+        return timed
+
+    def wrap_collective(self, comm) -> "TimedCollective":
+        return TimedCollective(comm, self)
+
+    def note_collective(self, start) -> None:
+        if self._current is not None:
+            self._current["collectives"].append((start, self.clock()))
+
+
+class TimedCollective:
+    """An FSDP2 all-gather or reduce-scatter (what ``FSDPModule.set_custom_all_gather`` takes) that runs the module's
+    own and marks its span. Host clock only: there (gloo) a collective returns when done, so the span is its comm and
+    wait together (FSDP2 offers no hook to split them)."""
+
+    def __init__(self, comm, timer: StepTimer) -> None:
+        self.comm, self.timer = comm, timer
+
+    def allocate(self, *args, **kwargs) -> torch.Tensor:
+        return self.comm.allocate(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        start = self.timer.clock()
+        work = self.comm(*args, **kwargs)
+        self.timer.note_collective(start)
+        return work
+
+
+def time_before_setup(timer: StepTimer, strategy) -> None:
+    """On CUDA, Lightning registers the strategy's DDP comm hook as it wraps the model, after the callbacks' ``setup``:
+    the timed one goes in its place."""
+    if strategy.root_device.type == "cuda" and isinstance(strategy, DDPStrategy):
+        state, hook = compat.ddp_comm_hook(strategy)
+        compat.set_ddp_comm_hook(strategy, timer.wrap(hook or allreduce_hook), state)
+
+
+def time_after_setup(timer: StepTimer, strategy, module) -> None:
+    """On CPU, Lightning registers no DDP comm hook (not even the user's): the timed one is registered here; and
+    fsdp's all-gathers and reduce-scatters are wrapped (on CUDA they run on streams of their own: not timed)."""
+    if strategy.root_device.type != "cpu":
+        return
+    if isinstance(strategy.model, DistributedDataParallel):
+        state, hook = compat.ddp_comm_hook(strategy)
+        strategy.model.register_comm_hook(state, timer.wrap(hook or allreduce_hook))
+    for part in module.modules():
+        gather, scatter = compat.fsdp_collectives(part) if isinstance(part, FSDPModule) else (None, None)
+        if gather is not None:
+            part.set_custom_all_gather(timer.wrap_collective(gather))
+            part.set_custom_reduce_scatter(timer.wrap_collective(scatter))
