@@ -47,7 +47,6 @@ from experiments.runner import (
     by_row,
     command_line,
     exit_status,
-    fmt,
     lr_cell,
     markdown_table,
     plot_curves,

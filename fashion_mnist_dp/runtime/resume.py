@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from fashion_mnist_dp.runtime import checkpoint_io, compat, lifetime
+from fashion_mnist_dp.runtime import checkpoint_io, compat
 from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNotFoundError, NothingToTrain, one_line
 
 KEYWORDS = ("last", "best", "hpc", "registry")  # values of --ckpt_path that name no file
