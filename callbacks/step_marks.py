@@ -45,8 +45,8 @@ class CudaEvents:
     """Marks on the GPU's timeline: a timing CUDA event recorded on the current stream (where the step's kernels and
     DDP's wait for its all-reduce are queued). A mark is read, in seconds from the epoch's first event, only once
     ``query()`` says the GPU has passed it (a non-blocking poll); the epoch's last marks are read after ``wait``, at
-    the epoch's end, where the epoch's figures synchronise the device anyway. Each GPU's timeline is its own: the ranks' marks do
-    not compare, so wait is estimated (callbacks/step_time.py, ``split_wait``)."""
+    the epoch's end, where the epoch's figures synchronise the device anyway. Each GPU's timeline is its own: the
+    ranks' marks do not compare, so wait is estimated (callbacks/step_time.py, ``split_wait``)."""
 
     shared_by_ranks = False
 
@@ -96,6 +96,8 @@ class StepTimer:
         self._last_end = self.clock()
 
     def batch_start(self, window: int = 0) -> None:
+        if self._last_end is None:  # resumed mid-epoch: Lightning does not call on_train_epoch_start again
+            self.start_epoch()
         self._read()
         self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
                          "buckets": 0, "gradient_bytes": 0, "collectives": []}

@@ -231,3 +231,12 @@ def test_on_cuda_the_timed_hook_wraps_the_users_and_takes_its_place_before_light
     assert isinstance(report.timer.clock, LateClock) and hook(state, FakeBucket(3)) == "the user's future"
     report.timer.batch_end()
     assert calls == [state] and report.timer.take_epoch().buckets == 1  # the bucket marked, on the late clock
+
+
+def test_a_timer_that_starts_mid_epoch_as_a_resumed_run_does_counts_no_data_wait_for_its_first_batch():
+    now = iter([1.0, 1.0, 1.5, 1.6, 1.7, 1.8])
+    timer = StepTimer(clock=HostClock(lambda: next(now)))
+    timer.batch_start()  # no start_epoch: Lightning skips on_train_epoch_start on a mid-epoch resume
+    timer.before_backward(), timer.after_backward(), timer.before_optimizer(), timer.batch_end()
+    epoch = timer.take_epoch()
+    assert epoch.parts["data"] == 0 and epoch.parts["backward"] == pytest.approx(0.1) and len(timer.marks) == 1
