@@ -66,8 +66,8 @@ def main(argv=None) -> int:
             ratios.append(results["on"] / results["off"])
             print(f"pair {pair + 1}: on {results['on']:.0f}, off {results['off']:.0f} images/sec, on/off "
                   f"{ratios[-1]:.3f}", flush=True)
-    print(f"\n{args.devices} {args.accelerator} rank(s) (ddp, {args.precision or '32-true'}), {args.network}, {args.train_subset} images x {args.epochs} epochs "
-          f"(steady epochs 2..); {machine()}")
+    print(f"\n{args.devices} {args.accelerator} rank(s) (ddp, {args.precision or '32-true'}), {args.network}, "
+          f"{args.train_subset} images x {args.epochs} epochs (steady epochs 2..); {machine()}")
     print(f"breakdown on/off: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) "
           f"over {args.pairs} interleaved pairs; on {statistics.median(on):.0f}, off {statistics.median(off):.0f} "
           f"images/sec")

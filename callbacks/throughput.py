@@ -13,8 +13,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard.summary import custom_scalars
 
-from callbacks import step_time
-from callbacks import step_marks
+from callbacks import step_marks, step_time
 from callbacks.step_marks import CudaEvents, HostClock, StepTimer
 from callbacks.run_record import EpochRecord
 from fashion_mnist_dp.runtime import compat
@@ -268,7 +267,8 @@ class ThroughputReport(Callback):
         steps = len(mine.arrivals + pad)
         for epoch, row in zip(epochs, gathered):
             epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
-        same_clock, vectors = trainer.num_nodes == 1 and self.timer.clock.shared_by_ranks, [r[2 * steps:] for r in gathered]
+        same_clock = trainer.num_nodes == 1 and self.timer.clock.shared_by_ranks
+        vectors = [row[2 * steps:] for row in gathered]
         for window, result in step_time.window_results(list(windows), self.timer.marks, vectors, epochs, same_clock):
             log_to_loggers(trainer, step_time.window_metrics(result),
                            step=min((window + 1) * self.every, trainer.global_step) - 1)

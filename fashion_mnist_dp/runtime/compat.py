@@ -1,4 +1,5 @@
-"""Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters), and nothing else.
+"""Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters, or of torch's FSDP2
+modules, whose comms have no getter), and nothing else.
 
 Each was checked against Lightning 2.6.6 (``CHECKED_AGAINST``). ``missing()`` lists the ones a
 newer Lightning no longer has; tests/unit/test_compat.py fails with that list, so an upgrade
