@@ -35,7 +35,7 @@ class HostClock:
         return True
 
     def wait(self, mark: float) -> None:
-        """Only at an epoch's end, where the figures synchronise the device anyway."""
+        """Nothing to wait for: a host mark is ready when made."""
 
     def seconds(self, mark: float) -> float:
         return mark
@@ -154,9 +154,6 @@ class StepTimer:
 
         return timed
 
-    def wrap_collective(self, comm) -> "TimedCollective":
-        return TimedCollective(comm, self)
-
     def note_collective(self, start) -> None:
         if self._current is not None:
             self._current["collectives"].append((start, self.clock()))
@@ -199,5 +196,5 @@ def time_after_setup(timer: StepTimer, strategy, module) -> None:
     for part in module.modules():
         gather, scatter = compat.fsdp_collectives(part) if isinstance(part, FSDPModule) else (None, None)
         if gather is not None:
-            part.set_custom_all_gather(timer.wrap_collective(gather))
-            part.set_custom_reduce_scatter(timer.wrap_collective(scatter))
+            part.set_custom_all_gather(TimedCollective(gather, timer))
+            part.set_custom_reduce_scatter(TimedCollective(scatter, timer))

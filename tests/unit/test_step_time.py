@@ -1,6 +1,8 @@
 """The step-time breakdown's arithmetic on synthetic marks (callbacks/step_time.py); with real ranks and known
 faults: tests/test_step_time.py."""
 
+import time
+
 import pytest
 import torch
 
@@ -137,7 +139,7 @@ class LateClock(HostClock):
     shared_by_ranks = False
 
     def __init__(self, now=None, lag=None):
-        super().__init__(*(now,) if now else ())
+        super().__init__(now or time.monotonic)
         self.lag, self.made = lag, []
 
     def __call__(self):
