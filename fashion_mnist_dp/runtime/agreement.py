@@ -17,7 +17,6 @@ import math
 from typing import List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
@@ -26,18 +25,6 @@ VALIDATION = "validation_end"
 EPOCH_END = "train_epoch_end"
 BEFORE_SAVE = "before_save"
 DEFAULT_CHECK_EVERY_N_STEPS = 50
-
-
-def all_gather_rows(vector: torch.Tensor) -> torch.Tensor:
-    """Every rank's ``vector`` as the rows of one (world size × n) tensor: one collective."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return vector.unsqueeze(0)
-    rows = torch.empty(dist.get_world_size() * vector.numel(), dtype=vector.dtype, device=vector.device)
-    # torch 2.14 deprecates all_gather_into_tensor (a FutureWarning per call) for all_gather_single, which older
-    # torch lacks: the new name where it exists, looked up per call (tests wrap torch.distributed's functions)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(rows, vector.contiguous())  # gloo wants the flat output
-    return rows.reshape(dist.get_world_size(), vector.numel())
 
 
 class Participant(Callback):
@@ -77,7 +64,8 @@ class Agreement(Callback):
         self._trained_since = False
         self._decided_step = trainer.global_step
         parts = [p.contribute(trainer, pl_module, point) for p in self.participants]
-        rows = all_gather_rows(torch.cat(parts).float()).tolist()  # the one host read of this point
+        vector = torch.cat(parts).float()  # one collective and the one host read of this point:
+        rows = trainer.strategy.all_gather(vector).reshape(-1, vector.numel()).tolist()
         self.decisions += 1
         start = 0
         for participant, part in zip(self.participants, parts):
