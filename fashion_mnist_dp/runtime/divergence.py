@@ -35,24 +35,14 @@ def tensor_sums(tensors: Sequence[Optional[torch.Tensor]], device: torch.device)
     return torch.stack(sums) if sums else torch.zeros(0, device=device)
 
 
-def finite_sum(tensors: Sequence[Optional[torch.Tensor]]) -> torch.Tensor:
-    """The sum of all elements of ``tensors``: not finite when any element is nan or inf."""
-    present = [t for t in tensors if t is not None]
-    return tensor_sums(present, present[0].device).sum() if present else torch.zeros(())
-
-
 def first_non_finite(tensors: Sequence[Optional[torch.Tensor]], device: Optional[torch.device] = None) -> torch.Tensor:
     """Index of the first tensor holding a nan or inf, or -1, as a device scalar (nothing waits for it)."""
     present = [t for t in tensors if t is not None]
     device = device or (present[0].device if present else torch.device("cpu"))
     bad = ~torch.isfinite(tensor_sums(tensors, device))
     if bad.numel() == 0:
-        return torch.tensor(-1, device=device)
-    return torch.where(bad.any(), bad.int().argmax(), torch.tensor(-1, device=device))
-
-
-def is_at_chance(accuracy: float, chance: float = CHANCE_ACCURACY) -> bool:
-    return not math.isfinite(accuracy) or accuracy <= chance
+        return torch.full((), -1, device=device)
+    return torch.where(bad.any(), bad.int().argmax(), -1)
 
 
 def past_warmup(epochs_done: float, warmup_epochs: float, epochs_after_warmup: float) -> bool:
@@ -109,7 +99,7 @@ class DivergenceGuard(Participant):
         self.monitor = monitor
         self.epochs_after_warmup = epochs_after_warmup
         self._params: List[torch.nn.Parameter] = []  # taken once the strategy has wrapped (fsdp: sharded) the model
-        self._gradient_sums: Optional[torch.Tensor] = None
+        self._gradient_index: Optional[torch.Tensor] = None
         self._gradients_checked = True
         self._stepped = False
         self._first: Optional[torch.Tensor] = None  # [step, loss nan, loss inf, gradient bad, gradient index]
@@ -123,20 +113,19 @@ class DivergenceGuard(Participant):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         self._stepped = True
         if self._gradients_checked:
-            self._gradient_sums = tensor_sums([p.grad for p in self._params], pl_module.device)
+            self._gradient_index = first_non_finite([p.grad for p in self._params], pl_module.device)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Note this batch's step if it is the first bad one: a few tiny device ops, no host read."""
         device = pl_module.device
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         loss = loss.detach().float().reshape(()) if torch.is_tensor(loss) else torch.zeros((), device=device)
-        sums, self._gradient_sums = self._gradient_sums, None
-        bad_gradients = ~torch.isfinite(sums) if sums is not None else torch.zeros(1, dtype=torch.bool, device=device)
-        gradient_index = torch.where(bad_gradients.any(), bad_gradients.int().argmax(), -1)
+        index, self._gradient_index = self._gradient_index, None
+        gradient_index = index if index is not None else torch.full((), -1, device=device)
         step = trainer.global_step if self._stepped else trainer.global_step + 1
         self._stepped = False
         now = torch.stack([torch.full((), float(step), device=device), torch.isnan(loss).float(),
-                           torch.isinf(loss).float(), bad_gradients.any().float(), gradient_index.float()])
+                           torch.isinf(loss).float(), (gradient_index >= 0).float(), gradient_index.float()])
         new = (self._first[0] < 0) & (now[1:4].sum() > 0)
         self._first = torch.where(new, now, self._first)
 

@@ -21,9 +21,7 @@ from fashion_mnist_dp.runtime.agreement import (
 from fashion_mnist_dp.runtime.checkpoint_io import verify
 from fashion_mnist_dp.runtime.divergence import (
     advice,
-    finite_sum,
     first_non_finite,
-    is_at_chance,
     merge,
     past_warmup,
 )
@@ -113,16 +111,15 @@ def test_first_non_finite_and_finite_sum_find_nan_and_inf_and_skip_missing_tenso
     assert first_non_finite([ok, None, ok]).item() == -1
     assert first_non_finite([ok, None, torch.tensor([1.0, math.inf]), torch.tensor([math.nan])]).item() == 2
     assert first_non_finite([torch.empty(0), torch.tensor([math.nan])]).item() == 1  # an empty fsdp shard is fine
-    assert math.isfinite(finite_sum([torch.full((10**5,), 60000.0, dtype=torch.float16)]))  # fp16 would overflow
+    assert first_non_finite([torch.full((10**5,), 60000.0, dtype=torch.float16)]).item() == -1  # fp16 would overflow
     for bad in (math.nan, math.inf, -math.inf):
-        assert not math.isfinite(finite_sum([torch.ones(3), torch.tensor([1.0, bad])]))
-    assert not math.isfinite(finite_sum([torch.tensor([math.inf, -math.inf])]))  # inf - inf: nan
+        assert first_non_finite([torch.ones(3), torch.tensor([1.0, bad])]).item() == 1
+    assert first_non_finite([torch.tensor([math.inf, -math.inf])]).item() == 0  # inf - inf: nan
 
 
 def test_accuracy_is_judged_one_epoch_after_warmup_and_advice_names_the_remedies():
     assert past_warmup(1.0, warmup_epochs=0.0, epochs_after_warmup=1.0)
     assert not past_warmup(1.0, warmup_epochs=0.5, epochs_after_warmup=1.0)
-    assert is_at_chance(0.11) and is_at_chance(math.nan) and not is_at_chance(0.12)
     assert advice(0.5, fsdp=False) == ("try a warm-up (--warmup_epochs 1 or more), a lower --lr (now 0.5), "
                                       "or a layer-wise optimizer (--optimizer novograd or lamb)")
     assert "novograd" not in advice(0.5, fsdp=True) and "lamb" in advice(0.5, fsdp=True)
