@@ -16,20 +16,9 @@ from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.strategies.strategy import TBroadcast
-from torch import Tensor, nn
+from torch import nn
 
 NO_GPU_MESSAGE = "strategy dp needs CUDA GPUs (none visible); use --strategy ddp --accelerator cpu on CPU"
-
-
-def require_cuda_for_dp() -> None:
-    """The one line for dp without CUDA GPUs, before Lightning's own ("No supported gpu backend found!")."""
-    if not CUDAAccelerator.is_available():
-        raise MisconfigurationException(NO_GPU_MESSAGE)
-
-
-def _cuda_autocast_dtype() -> Optional[torch.dtype]:
-    """The calling thread's CUDA autocast dtype, None when autocast is off."""
-    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
 
 
 class _Forward(nn.Module):
@@ -96,11 +85,6 @@ class DataParallelStrategy(ParallelStrategy):
         return 1
 
     @property
-    def is_distributed(self) -> bool:
-        """One process: Lightning must not swap in a DistributedSampler of its own."""
-        return False
-
-    @property
     def root_device(self) -> torch.device:
         assert self.parallel_devices, "parallel_devices are set by the accelerator connector"
         return self.parallel_devices[0]
@@ -129,7 +113,8 @@ class DataParallelStrategy(ParallelStrategy):
         if not isinstance(self.accelerator, CUDAAccelerator) or any(
             device.type != "cuda" for device in self.parallel_devices or []
         ):
-            require_cuda_for_dp()
+            if not CUDAAccelerator.is_available():  # before Lightning's own "No supported gpu backend found!"
+                raise MisconfigurationException(NO_GPU_MESSAGE)
             accelerator = type(self.accelerator).__name__.replace("Accelerator", "").lower()
             raise MisconfigurationException(
                 f"strategy dp runs on CUDA GPUs, not on accelerator {accelerator}; "
@@ -153,7 +138,8 @@ class DataParallelStrategy(ParallelStrategy):
         data_parallel = nn.DataParallel(_Forward(module), device_ids=self.device_ids, output_device=self.root_device)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            data_parallel.module.autocast_dtype = _cuda_autocast_dtype()
+            autocast = torch.is_autocast_enabled("cuda")  # thread-local: the replicas' threads need it set
+            data_parallel.module.autocast_dtype = torch.get_autocast_dtype("cuda") if autocast else None
             return data_parallel(*args, **kwargs)
 
         # A plain function in the instance __dict__ (not a registered submodule: state_dict keys stay the same).
@@ -178,9 +164,6 @@ class DataParallelStrategy(ParallelStrategy):
 
     def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
         """One process: the step already saw the whole batch, so there is nothing to reduce."""
-        return tensor
-
-    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         return tensor
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:
