@@ -18,8 +18,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from fashion_mnist_dp.runtime import checkpoint_io, compat
 from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNotFoundError, NothingToTrain, one_line
 
-KEYWORDS = ("last", "best", "hpc", "registry")  # values of --ckpt_path that name no file
-
 
 @dataclass(frozen=True)
 class Resume:
@@ -202,8 +200,6 @@ def continue_run(loggers, checkpoint: Dict[str, Any]) -> Optional[str]:
                 and not compat.tensorboard_version_chosen(logger)):
             compat.set_tensorboard_run(logger, purge_step=step, version=run["version"])
             continued = continued or logger.log_dir
-        elif compat.tensorboard_purge_step(logger) is None:
-            compat.set_tensorboard_run(logger, purge_step=0)
     return continued
 
 
@@ -217,14 +213,13 @@ def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
-    continued = False
     if resumed.path and (subcommand == "fit" or resumed.continue_run) and Path(resumed.path).is_file():
         checkpoint = checkpoint_io.load(resumed.path)  # no code runs; a damaged file ends here (exit 66)
         done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if subcommand == "fit" else None
         if done:
             raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
         if subcommand == "fit" and resumed.continue_run:
-            continued = continue_run(trainer.loggers, checkpoint) is not None
-    if subcommand == "fit" and not continued:
-        start_run(trainer.loggers)
+            continue_run(trainer.loggers, checkpoint)
+    if subcommand == "fit":
+        start_run(trainer.loggers)  # every TensorBoard logger not continued above
     return resumed.path

@@ -185,7 +185,9 @@ def test_last_continues_the_checkpoints_tensorboard_run_from_its_step(tmp_path):
     assert continue_run([resumed], checkpoint) == first.log_dir and resumed.version == first.version
     assert tensorboard_purge_step(resumed) == 16
     other = TensorBoardLogger(save_dir=tmp_path / "elsewhere", name="fm")
-    assert continue_run([other], checkpoint) is None and tensorboard_purge_step(other) == 0
+    assert continue_run([other], checkpoint) is None
+    start_run([other])
+    assert tensorboard_purge_step(other) == 0
     assert other.version == 0 and resumed.log_dir != other.log_dir
 
 
