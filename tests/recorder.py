@@ -425,9 +425,9 @@ class SigtermAt(Callback):
         preemption.requeue, errors.print_line = requeue_then_signal, signal_then_print
 
     def _at(self, stage: str) -> None:
-        from fashion_mnist_dp.runtime.preemption import SIGNALS, received
+        from fashion_mnist_dp.runtime.preemption import SIGNALS, _received as received
 
-        if stage != self.stage or self._sent or not received()[SIGNALS.index(signal.SIGUSR1)]:
+        if stage != self.stage or self._sent or not received[SIGNALS.index(signal.SIGUSR1)]:
             return
         self._sent = True
         for pid_file in sorted(self.record.glob("pid*")):

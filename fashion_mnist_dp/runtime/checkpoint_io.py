@@ -7,6 +7,7 @@ sha256 (or, without a sidecar, the zip archive's CRCs) and unpickles with ``weig
 crafted file cannot run code. Remote (``s3://``...) paths are left to Lightning. Why: docs/reliability.md.
 """
 
+import contextlib
 import hashlib
 import io
 import os
@@ -103,16 +104,12 @@ def _write_synced(path: Path, data) -> None:
 
 
 def _fsync_dir(folder: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # some filesystems do not support fsync on a folder
         descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass  # some filesystems do not support fsync on a folder
-    finally:
-        os.close(descriptor)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
@@ -140,10 +137,8 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
             written = file_sha256(path)
         except OSError as error:
             for leftover in (tmp, sidecar_tmp):
-                try:
+                with contextlib.suppress(OSError):
                     leftover.unlink()
-                except OSError:
-                    pass
             reason = error.strerror or type(error).__name__
             if error.filename and str(error.filename) not in (str(path), str(tmp), str(sidecar), str(sidecar_tmp)):
                 reason += f": {error.filename}"
@@ -162,7 +157,4 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path) -> None:
         super().remove_checkpoint(path)
         if not is_remote(path):
-            try:
-                sidecar_path(path).unlink()
-            except FileNotFoundError:
-                pass
+            sidecar_path(path).unlink(missing_ok=True)

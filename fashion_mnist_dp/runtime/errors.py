@@ -48,6 +48,10 @@ class UserFacingError(Exception):
     children_grace_s = 30.0
     printed = False  # its line is already out (a stop prints it before any rank may exit)
 
+    def __init__(self, *args, children: Sequence = ()) -> None:
+        super().__init__(*args)
+        self.children = list(children)
+
 
 class ConfigError(UserFacingError, ValueError):
     """A flag, value or configuration that cannot run: the same on every rank, so rank 0 says it."""
@@ -107,10 +111,6 @@ class JobFault(UserFacingError):
     exit_code = ExitCode.TEMPFAIL
     children_grace_s = 2.0
 
-    def __init__(self, message: str, children: Sequence = ()) -> None:
-        super().__init__(message)
-        self.children = list(children)
-
 
 class RunStopped(UserFacingError):
     """Raised on every rank at the same step; rank 0 prints the line."""
@@ -118,9 +118,8 @@ class RunStopped(UserFacingError):
     every_rank = False
 
     def __init__(self, message: str, rank: int = 0, children: Sequence = ()) -> None:
-        super().__init__(message)
+        super().__init__(message, children=children)
         self.rank = rank
-        self.children = list(children)
 
 
 class TrainingDiverged(RunStopped):
@@ -183,7 +182,7 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
                            f"epoch: give at most {batches}, a fraction of the epoch in (0.0, 1.0], or also "
                            f"--trainer.check_val_every_n_epoch null to count batches across epochs")
     line = describe_fault(error, rank)
-    return None if line is None else JobFault(line, getattr(error, "children", ()))
+    return None if line is None else JobFault(line, children=getattr(error, "children", ()))
 
 
 def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:

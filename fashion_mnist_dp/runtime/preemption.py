@@ -104,10 +104,6 @@ def watch_outside_training() -> Callable[[], None]:
     return stop
 
 
-def received() -> List[bool]:
-    return list(_received)
-
-
 def slurm_job_id(environ=os.environ) -> Optional[str]:
     """``<array job>_<task>`` for an array task, else ``SLURM_JOB_ID``; None when absent or not a job id."""
     array_job, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
@@ -153,13 +149,11 @@ class Preemption(Participant):
         install_handlers()  # again, in case anything replaced them since start-up
         _in_training, _stopping = True, False
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_end(self, *_) -> None:  # also on_exception
         global _in_training
         _in_training = False
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        global _in_training
-        _in_training = False
+    on_exception = on_train_end
 
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         return torch.tensor([float(x) for x in _received], device=pl_module.device)

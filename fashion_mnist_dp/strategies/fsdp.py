@@ -6,14 +6,11 @@ LARS and LAMB compute their per-layer norms on DTensors, that is over the whole 
 (tests/test_fsdp.py). NovoGrad keeps a plain tensor beside DTensor parameters and fails: refused. docs/strategies.md.
 """
 
-import importlib
 from typing import Any, Optional
 
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 
-# Optimizers whose state mixes plain tensors with fsdp's DTensors, which torch refuses.
-UNSHARDABLE_OPTIMIZERS = ("torch_optimizer.NovoGrad",)
 # Lightning refuses any strategy *named* fsdp without a GPU (its FSDP1 check): on CPU the CLI names ours so.
 CPU_NAME = "fsdp_cpu"
 
@@ -42,14 +39,12 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
 
 def unshardable_optimizer(optimizer_class: type) -> Optional[str]:
-    """The class path of the optimizer in UNSHARDABLE_OPTIMIZERS that ``optimizer_class`` is (or derives from), else
-    None."""
-    for path in UNSHARDABLE_OPTIMIZERS:
-        module, _, name = path.rpartition(".")
-        unshardable = getattr(importlib.import_module(module), name)
-        if isinstance(optimizer_class, type) and issubclass(optimizer_class, unshardable):
-            return path
-    return None
+    """``torch_optimizer.NovoGrad`` when ``optimizer_class`` is (or derives from) it: its state mixes plain tensors
+    with fsdp's DTensors, which torch refuses; else None."""
+    from torch_optimizer import NovoGrad
+
+    is_novograd = isinstance(optimizer_class, type) and issubclass(optimizer_class, NovoGrad)
+    return "torch_optimizer.NovoGrad" if is_novograd else None
 
 
 def is_fsdp(strategy: Any) -> bool:
