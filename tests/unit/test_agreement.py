@@ -106,7 +106,7 @@ def test_merge_takes_the_earliest_first_step_of_any_rank():
     assert merge([none, [-1.0, 0, 0, 0, -1.0, -1.0, 1]])[6] == 1.0  # at chance on any rank
 
 
-def test_first_non_finite_and_finite_sum_find_nan_and_inf_and_skip_missing_tensors():
+def test_first_non_finite_finds_nan_and_inf_and_skips_missing_tensors():
     ok = torch.ones(3)
     assert first_non_finite([ok, None, ok]).item() == -1
     assert first_non_finite([ok, None, torch.tensor([1.0, math.inf]), torch.tensor([math.nan])]).item() == 2
