@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import FashionMNIST
 
 from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip, run_seed
-from datamodules.files import check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder, torchvision_root
+from datamodules.files import (check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder,
+                               read_header, torchvision_root)
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
 
@@ -108,6 +109,14 @@ class FashionMNISTDataModule(LightningDataModule):
         if missing:
             download_or_raise(self.data_dir, missing, self.download)
         check_raw_folder(self.raw_folder.resolve())
+        self._check_train_subset(read_header(self.raw_folder / "train-images-idx3-ubyte", 3)[0] - self.val_size)
+
+    def _check_train_subset(self, left: int) -> None:
+        """More than ``left`` would silently train on all of them: refused before anything is written."""
+        if self.train_subset is not None and self.train_subset > left:
+            held = f" after --data.val_size {self.val_size} held out" if self.val_size else ""
+            raise MisconfigurationException(f"--data.train_subset {self.train_subset} is more than the {left} training "
+                                            f"images{held}: give at most {left}, or leave it unset to train on all")
 
     def setup(self, stage: str) -> None:
         """Every rank checks the files again (headers and labels: a few KB) and reads them into memory (47 MB)."""
@@ -122,11 +131,7 @@ class FashionMNISTDataModule(LightningDataModule):
             kept, held_out = stratified_holdout(train.targets, self.val_size)
             if self.val_size:
                 self.val_set = InMemoryImages(train.data[held_out], train.targets[held_out])
-            if self.train_subset is not None and self.train_subset > len(kept):
-                held = f" after --data.val_size {self.val_size} held out" if self.val_size else ""
-                raise MisconfigurationException(
-                    f"--data.train_subset {self.train_subset} is more than the {len(kept)} training images{held}: give "
-                    f"at most {len(kept)}, or leave it unset to train on all")
+            self._check_train_subset(len(kept))
             kept = kept[: self.train_subset]  # the first n images left
             self.train_set = InMemoryImages(train.data[kept], train.targets[kept])
         if self.test_set is None:

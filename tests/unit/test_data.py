@@ -159,16 +159,13 @@ def test_the_test_after_fit_uses_the_last_epoch_when_validation_is_the_test_spli
 @pytest.mark.parametrize("subset, val_size, refused", [(256, 0, False), (257, 0, True), (192, 64, False),
                                                       (193, 64, True)])
 def test_train_subset_accepts_every_training_image_left_and_not_one_more(fashion_root, subset, val_size, refused):
-    """The tiny data has 256 training images; --data.val_size holds some out first. The pre-launch check and the
-    data module's own setup draw the line at the same count."""
-    from fashion_mnist_dp.cli.checks import check_train_subset
-    from fashion_mnist_dp.runtime.errors import ConfigError
-    config = SimpleNamespace(data_dir=str(fashion_root), train_subset=subset, val_size=val_size)
+    """The tiny data has 256 training images; --data.val_size holds some out first. prepare_data (which the launching
+    process runs before anything is written) and every rank's setup draw the line at the same count."""
     dm = FashionMNISTDataModule(data_dir=str(fashion_root), download=False, train_subset=subset, val_size=val_size)
     message = rf"--data.train_subset {subset} is more than the {256 - val_size} training images"
-    for check in (lambda: check_train_subset(config), lambda: dm.setup("fit")):
+    for check in (dm.prepare_data, lambda: dm.setup("fit")):
         if refused:
-            with pytest.raises((ConfigError, MisconfigurationException), match=message):
+            with pytest.raises(MisconfigurationException, match=message):
                 check()
         else:
             check()
