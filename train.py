@@ -33,7 +33,5 @@ if os.environ.get("SLURM_STEP_NUM_TASKS", "1") != "1":
 
 from fashion_mnist_dp.cli.app import main  # noqa: E402
 
-__all__ = ["main"]
-
 if __name__ == "__main__":
     sys.exit(main())

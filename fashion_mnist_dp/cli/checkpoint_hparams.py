@@ -10,36 +10,23 @@ and those of modules this run has already imported are accepted from a file, so 
 
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Sequence, Set
+from typing import Any, Dict, List, Sequence, Set
 
-import yaml
-
-from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, SHORTHAND
+from fashion_mnist_dp.cli.checks import options, yaml_mapping
+from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND
 from fashion_mnist_dp.runtime.errors import CheckpointRefused
 
 MODEL = "model"
 INTERNAL_KEYS = ("_instantiator",)  # LightningCLI's own entry in the stored hyperparameters
 
 
-def _yaml_keys(name: str, prefix: str = "") -> Set[str]:
-    try:
-        with open(name) as stream:
-            loaded = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError):
-        return set()  # check_config_file and jsonargparse say what is wrong with it
-    return set(flat(loaded, prefix)) if isinstance(loaded, dict) else set()
-
-
 def given_keys(args: Sequence[str]) -> Set[str]:
     """The dotted keys the user set in ``args`` (expanded: full keys, subcommand first): every flag's key and every
     key of every ``--config`` file."""
     keys: Set[str] = set()
-    for i, token in enumerate(args):
-        if not token.startswith("--"):
-            continue
-        key, _, value = token[2:].partition("=")
+    for key, value in ((key[2:], value) for key, value in options(args)):
         if key == "config":
-            keys |= _yaml_keys(value or (args[i + 1] if i + 1 < len(args) else ""))
+            keys |= set(flat(yaml_mapping(value)))
         elif key.startswith(f"{MODEL}.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
                 and not key.endswith(".class_path"):
             first, second, rest = key.split(".", 2)  # jsonargparse's --model.optimizer.lr: --model.optimizer.init_args.lr
@@ -63,9 +50,8 @@ def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
 def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
     """The model's stored hyperparameters, with every class path checked (see the module docstring)."""
     stored = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k not in INTERNAL_KEYS}
-    shipped = {path for names in CLASS_NAMES.values() for path in names.values()}
     for key, value in flat(stored, MODEL).items():
-        if key.rsplit(".", 1)[-1] in ("class_path", "_class_path") and value not in shipped:
+        if key.rsplit(".", 1)[-1] in ("class_path", "_class_path") and value not in SHORT_NAME:
             module = str(value).rpartition(".")[0]
             if module not in sys.modules:
                 setting = key.rsplit(".", 1)[0]
@@ -89,26 +75,19 @@ def check_fits(parser, config, subcommand: str, stored: Dict[str, Any], path: st
                                 f"settings it was trained with instead of relying on the checkpoint") from error
 
 
-def covered(key: str, given: Iterable[str]) -> bool:
-    """Whether ``key`` or a setting above it was given (giving ``model.optimizer`` gives all of it)."""
-    return any(key == g or key.startswith(f"{g}.") for g in given)
-
-
 def reapply_given(merged, user, given: Set[str]) -> List[str]:
     """Put the user's given model values (from ``user``, the config before the checkpoint's merge) back into
     ``merged`` (the subcommand's config after it); returns them as ``key`` (outermost first)."""
     applied = []
     for key in sorted((k for k in given if k == MODEL or k.startswith(f"{MODEL}.")), key=lambda k: k.count(".")):
-        if covered(key, applied) or key not in user:
+        if any(key == a or key.startswith(f"{a}.") for a in applied) or key not in user:  # a setting gives all of it
             continue
         merged[key] = user[key]
         applied.append(key)
     return applied
 
 
-def _shown(key: str) -> str:
-    short = {full[2:]: flag for flag, full in SHORTHAND.items()}
-    return short.get(key, f"--{key}")
+SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}
 
 
 def differences(applied: Sequence[str], user, stored: Dict[str, Any]) -> List[str]:
@@ -121,7 +100,8 @@ def differences(applied: Sequence[str], user, stored: Dict[str, Any]) -> List[st
             key, value = f"{key}.class_path", value.class_path
         before = stored_flat.get(key, stored_flat.get(key.replace(".init_args", "")))
         if before is not None and str(before) != str(value):
-            found.append(f"{_shown(key.removesuffix('.class_path'))} {value} (checkpoint: {before})")
+            key = key.removesuffix(".class_path")
+            found.append(f"{SHORT_FLAG.get(key, '--' + key)} {value} (checkpoint: {before})")
     return found
 
 

@@ -7,12 +7,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import yaml
 
-from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
+from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
 from fashion_mnist_dp.runtime.errors import ConfigError, OutputNotWritableError
 from fashion_mnist_dp.runtime.lifetime import is_launched_rank, launcher_environment
@@ -94,11 +94,11 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
             raise ConfigError(f"{DEVICES_KEY} is {parsed}, more GPUs than are visible: {visible}; {allowed}")
 
 
-def resolved_accelerator(accelerator, cuda: Optional[bool] = None) -> Optional[str]:
+def resolved_accelerator(accelerator) -> Optional[str]:
     """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object from a config."""
     if not isinstance(accelerator, str):
         return None
-    cuda = torch.cuda.is_available() if cuda is None else cuda
+    cuda = torch.cuda.is_available()
     accelerator = accelerator.lower()
     if accelerator == "auto":
         mps = getattr(torch.backends, "mps", None)
@@ -126,12 +126,17 @@ def check_config(config) -> None:
     optimizer = getattr(config.model.optimizer, "class_path", None)
     unshardable = unshardable_optimizer(import_class(optimizer)) if is_fsdp(trainer.strategy) else None
     if unshardable:
-        names = {path: name for name, path in CLASS_NAMES["--model.optimizer"].items()}
-        raise ConfigError(f"--optimizer {names.get(unshardable, optimizer)} keeps a plain tensor beside fsdp's sharded "
-                          f"parameters, which torch refuses; use --strategy ddp with it, or lamb/lars/sgd/adamw with fsdp")
-    check_at_least_one("trainer.accumulate_grad_batches", trainer.accumulate_grad_batches)
-    check_val_check_interval(trainer.val_check_interval)
-    check_train_subset(getattr(config, "data", None))
+        raise ConfigError(f"--optimizer {SHORT_NAME.get(unshardable, optimizer)} keeps a plain tensor beside fsdp's "
+                          f"sharded parameters, which torch refuses; use --strategy ddp with it, or "
+                          f"lamb/lars/sgd/adamw with fsdp")
+    accumulate = trainer.accumulate_grad_batches  # 0 divides by zero, < 0 trains a negative batch
+    if accumulate is not None and (type(accumulate) is not int or accumulate < 1):
+        raise ConfigError(f"trainer.accumulate_grad_batches is {accumulate!r}: give a whole number >= 1 (1: every "
+                          f"batch is one step)")
+    # Lightning refuses < 0 and a fraction > 1.0 itself; 0 divides by zero (int) or never validates (float)
+    if type(trainer.val_check_interval) in (int, float) and trainer.val_check_interval == 0:
+        raise ConfigError(f"trainer.val_check_interval is {trainer.val_check_interval}: give a whole number of batches "
+                          f">= 1, or a fraction of the epoch in (0.0, 1.0]")
     clip = trainer.gradient_clip_val
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
         raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")
@@ -147,52 +152,26 @@ def check_config(config) -> None:
             f"(README, \"Several machines\")")
 
 
-def check_train_subset(data) -> None:
-    """``data.train_subset`` beyond the training images would silently train on all of them: refused here, before
-    anything is written, from the IDX header when the file is there (the data module's setup checks it again)."""
-    subset = getattr(data, "train_subset", None)
-    if subset is None:
-        return
-    from datamodules.files import default_data_dir, raw_folder, read_header
-
-    try:
-        (count, _, _) = read_header(raw_folder(data.data_dir or default_data_dir()) / "train-images-idx3-ubyte", 3)
-    except Exception:  # missing or damaged: prepare_data downloads it or says what is wrong
-        return
-    left = count - (getattr(data, "val_size", 0) or 0)
-    if subset > left:
-        held = f" after --data.val_size {data.val_size} held out" if getattr(data, "val_size", 0) else ""
-        raise ConfigError(f"--data.train_subset {subset} is more than the {left} training images{held}: "
-                          f"give at most {left}, or leave it unset to train on all")
-
-
-def check_val_check_interval(value) -> None:
-    """Lightning divides by an int interval (0: ZeroDivisionError) and takes a float as a fraction of the epoch."""
-    if value is None or isinstance(value, bool):
-        return
-    if isinstance(value, int) and value < 1:
-        raise ConfigError(f"trainer.val_check_interval is {value}: give a whole number of batches >= 1, "
-                          f"or a fraction of the epoch in (0.0, 1.0]")
-    if isinstance(value, float) and not 0.0 < value <= 1.0:
-        raise ConfigError(f"trainer.val_check_interval is {value}: a fraction of the epoch must be in (0.0, 1.0]; "
-                          f"give a whole number for a count of batches")
-
-
-def check_at_least_one(key: str, value) -> None:
-    """Counts Lightning accepts but cannot run with (``accumulate_grad_batches 0`` divides by zero)."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{key} is {value!r}: give a whole number >= 1 (1: every batch is one step)")
+def options(args: Sequence[str]) -> List[tuple]:
+    """(``--key``, value) for every ``--key=value`` and ``--key value`` in ``args`` (a flag's value may be "")."""
+    pairs = [(i, *token.partition("=")) for i, token in enumerate(args) if token.startswith("--")]
+    return [(key, value if eq else (args[i + 1] if i + 1 < len(args) else "")) for i, key, eq, value in pairs]
 
 
 def config_files(args: Sequence[str]) -> List[str]:
     """The values of ``--config FILE`` / ``--config=FILE`` in ``args``."""
-    found = []
-    for i, token in enumerate(args):
-        if token == "--config" and i + 1 < len(args):
-            found.append(args[i + 1])
-        elif token.startswith("--config="):
-            found.append(token.split("=", 1)[1])
-    return found
+    return [value for key, value in options(args) if key == "--config" and value]
+
+
+def yaml_mapping(name: str) -> dict:
+    """The mapping a config file holds; {} when it cannot be read or holds none (check_config_file and jsonargparse
+    say what is wrong with it)."""
+    try:
+        with open(name) as stream:
+            loaded = yaml.safe_load(stream)
+    except (OSError, yaml.YAMLError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
@@ -211,23 +190,12 @@ def integer_batch_limits(args: Sequence[str], defaults: Sequence[str] = ()) -> d
                 isinstance(value, str) and value.strip().isdigit()
             found.update({key: int(value)}) if is_count else found.pop(key, None)
 
-    def from_file(name: str) -> None:
-        try:
-            with open(name) as stream:
-                loaded = yaml.safe_load(stream)
-        except (OSError, yaml.YAMLError):
-            return  # check_config_file and jsonargparse say what is wrong with it
-        for key, value in ((loaded or {}).get("trainer") or {}).items() if isinstance(loaded, dict) else ():
-            note(key, value)
-
-    for name in defaults:
-        from_file(name)
-    for i, token in enumerate(args):
-        key, _, value = token.partition("=")
+    for key, value in [*(("--config", name) for name in defaults), *options(args)]:
         if key == "--config":
-            from_file(value or (args[i + 1] if i + 1 < len(args) else ""))
+            for name, setting in (yaml_mapping(value).get("trainer") or {}).items():
+                note(name, setting)
         elif key.startswith("--trainer."):
-            note(key[len("--trainer."):], value or (args[i + 1] if i + 1 < len(args) else ""))
+            note(key[len("--trainer."):], value)
     return found
 
 
@@ -283,15 +251,8 @@ def check_outputs(trainer, subcommand: str) -> None:
     if subcommand == "fit":
         folders += [("ModelCheckpoint dirpath (trainer.callbacks)", getattr(callback, "dirpath", None))
                     for callback in trainer.checkpoint_callbacks]
-    check_writable(folders)
-
-
-def check_writable(folders: Iterable[tuple]) -> None:
-    """``folders``: (key, folder) pairs; raises :class:`OutputNotWritableError` for the first one that is not writable."""
     for key, folder in folders:
-        if folder is None:
-            continue
-        reason = unwritable_reason(folder)
+        reason = unwritable_reason(folder) if folder is not None else None
         if reason is not None:
             raise OutputNotWritableError(
                 f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "

@@ -12,20 +12,19 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from fashion_mnist_dp.cli.checks import import_class, parse_devices, resolved_accelerator
-from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
+from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 
 DEFAULT_ROOT = "runs"
 
 
 def short_name(key: str, class_path: Optional[str]) -> str:
     """The command line's short name of a network or optimizer class (``fast_cnn``, ``lamb``), else its class name."""
-    names = {path: name for name, path in CLASS_NAMES[key].items()}
-    return names.get(class_path) or str(class_path).rpartition(".")[2].lower()
+    return SHORT_NAME.get(class_path) or str(class_path).rpartition(".")[2].lower()
 
 
-def device_count(devices: Any, accelerator: Any, gpus: Optional[int] = None) -> int:
+def device_count(devices: Any, accelerator: Any) -> int:
     """How many devices ``--devices`` means on this node: ``auto`` is 1 on CPU and every GPU on CUDA."""
-    gpus = (torch.cuda.device_count() if torch.cuda.is_available() else 0) if gpus is None else gpus
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     parsed = parse_devices(devices)
     if isinstance(parsed, list):
         return len(parsed)
@@ -46,11 +45,11 @@ def strategy_name(strategy: Any, devices: int) -> str:
     return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower() or "custom"
 
 
-def run_name(config, gpus: Optional[int] = None) -> str:
+def run_name(config) -> str:
     """``<network>-<strategy>-<devices>x<batch>-<optimizer>`` of a subcommand's parsed config, e.g.
     ``cnn-ddp-4x128-sgd``; virtual devices read ``8vx128``."""
     trainer, model, data = config.trainer, config.model, config.data
-    devices = device_count(trainer.devices, trainer.accelerator, gpus) * int(trainer.num_nodes or 1)
+    devices = device_count(trainer.devices, trainer.accelerator) * int(trainer.num_nodes or 1)
     virtual = int(getattr(data, "virtual_devices", 1) or 1)
     shape = f"{devices * virtual}vx{data.batch_size}" if virtual > 1 else f"{devices}x{data.batch_size}"
     network = short_name("--model.network", getattr(model.network, "class_path", None))

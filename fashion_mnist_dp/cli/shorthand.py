@@ -56,6 +56,7 @@ CLASS_NAMES: Dict[str, Dict[str, str]] = {
 # ``--lr`` sets it, since a new class keeps the old one's lr (SGD's 0.05 leaves AdamW at 45.5 % after 40 steps).
 # Measured in docs/cli.md, "Your own network or optimizer".
 KNOWN_GOOD_LR: Dict[str, str] = {"sgd": "0.05", "adamw": "0.001", "novograd": "0.01", "lamb": "0.005", "lars": "0.5"}
+SHORT_NAME: Dict[str, str] = {path: name for names in CLASS_NAMES.values() for name, path in names.items()}
 
 
 def class_path(key: str, value: str) -> str:
@@ -84,14 +85,6 @@ def named_class(key: str, name: str) -> type:
     """The class a short name (or class path) of ``key`` stands for: ``named_class("--model.network", "cnn")``."""
     module, _, attr = class_path(key, name).rpartition(".")
     return getattr(importlib.import_module(module), attr)
-
-
-def _split(token: str):
-    """``--key=value`` -> (``--key``, ``value``); ``--key`` -> (``--key``, None)."""
-    if token.startswith("--") and "=" in token:
-        key, value = token.split("=", 1)
-        return key, value
-    return token, None
 
 
 def shorthand_help() -> str:
@@ -125,7 +118,8 @@ def expand_args(argv: Sequence[str]) -> List[str]:
     given: Dict[str, List[tuple]] = {}  # full key -> [(flag as typed, value)]
     i = 0
     while i < len(args):
-        key, value = _split(args[i])
+        key, equals, value = args[i].partition("=")
+        value = value if equals else None
         full = SHORTHAND.get(key)
         is_full_key = key in SHORTHAND.values()
         if full is None and not is_full_key:
@@ -158,8 +152,7 @@ def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> Li
     optimizer, lr = SHORTHAND["--optimizer"], SHORTHAND["--lr"]
     if lr in given or optimizer not in given:
         return expanded
-    names = {path: name for name, path in CLASS_NAMES[optimizer].items()}
-    chosen = names.get(given[optimizer][-1][1])
+    chosen = SHORT_NAME.get(given[optimizer][-1][1])
     if chosen is None:
         return expanded
     at = max(i for i, token in enumerate(expanded) if token == optimizer) + 2

@@ -115,7 +115,8 @@ BAD_VALUES = [
     (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches is 0: give a whole number >= 1"),
     (["--trainer.accumulate_grad_batches", "-2"], "trainer.accumulate_grad_batches is -2"),
     (["--trainer.val_check_interval", "0"], "trainer.val_check_interval is 0: give a whole number of batches >= 1"),
-    (["--trainer.val_check_interval", "1.5"], "trainer.val_check_interval is 1.5: a fraction of the epoch must be in"),
+    (["--trainer.val_check_interval", "1.5"], "You have passed invalid value 1.5 for val_check_interval"),  # Lightning's
+    (["--trainer.val_check_interval", "0.0"], "trainer.val_check_interval is 0.0: give a whole number of batches >= 1"),
     (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val is -1"),
     (["--data.train_subset", "100000000"], "--data.train_subset 100000000 is more than the 256 training images: "
                                            "give at most 256, or leave it unset to train on all (see python"),
