@@ -1,2 +1,3 @@
 """The command line: train.py's LightningCLI (app), its shorthand flags (shorthand), the pre-launch checks (checks),
-and the one way to run train.py as a subprocess (launch)."""
+run names and output folders (outputs), flags over a checkpoint's settings (checkpoint_hparams) and srun's layout
+(slurm)."""
