@@ -1,0 +1,33 @@
+#!/bin/bash
+# The checks that need a GPU, as one prepared device run (the device tool: ../.library/device/README.md). The device
+# image has torch, lightning, tensorboard, torchmetrics and pytest, not these wheels or the data; prepare both here:
+#
+#   echo /.gpu/ >> .git/info/exclude && mkdir -p .gpu/whl .gpu/data/FashionMNIST/raw
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux2014_x86_64 -d .gpu/whl jsonargparse==4.53.0 docstring_parser==0.18.0 \
+#       typeshed_client==2.15.0 torch-optimizer==0.3.0 pytorch-ranger==0.1.1
+#   for f in ../shared/data/FashionMNIST/raw/*; do gzip -c $f > .gpu/data/FashionMNIST/raw/$(basename $f).gz; done
+#
+# then run with carry [".gpu"], one stage per call (each ends well inside the 10-minute limit on an H100):
+#   bash benchmarks/gpu_session.sh tests     # the GPU-only tests: sync-free step (breakdown on), CudaEvents, dp, fast path
+#   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
+#   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
+# Everything it prints is also written under $OUT. The figures go to docs/reporting.md and docs/benchmarks.md with
+# the machine and the torch version it names (the image's torch may be older than setup.cfg's floor: say so).
+set -u -o pipefail
+out=${OUT:-/tmp/gpu-session}
+data=/tmp/fashion-mnist  # unpacked outside the tree: the carried copy stays small
+mkdir -p "$out" /tmp/site $data/FashionMNIST/raw
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
+for f in .gpu/data/FashionMNIST/raw/*.gz; do gunzip -c "$f" > $data/FashionMNIST/raw/$(basename "${f%.gz}"); done
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FASHION_MNIST_DIR=$data
+{ nvidia-smi -L; python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
+    | tee "$out/machine.txt"
+case "${1:-tests}" in
+    tests) python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py tests/unit/test_step_time.py \
+               tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
+    cost) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs 10 2>&1 | tee "$out/cost-fp32.txt" ;;
+    cost16) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs 10 --precision bf16-mixed 2>&1 \
+                | tee "$out/cost-bf16.txt" ;;
+    *) echo "gpu_session.sh: unknown stage ${1}: give tests, cost or cost16" >&2; exit 2 ;;
+esac
