@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 
 from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, add_grid_arguments, budget_from,
                                 by_row, command_line, exit_status, figure, fmt, markdown_table, seed_stats, spread,
-                                time_text, train_or_load, verdict_cell, write_csv)
+                                time_text, train_or_load, verdict_cell, verdict_text, write_csv)
 
 RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")
 DEFAULT_RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb")
@@ -118,9 +118,7 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
         f"(min–max) over the seeds, on the held-out images, last epoch and best epoch; n/a: a seed without a finite "
         f"one. {time_text(results, wall_s, budget.parallel)}", "",
         markdown_table(COLUMNS, table), "",
-        f"Verdicts: diverged = exit 70 (non-finite values, or accuracy at chance an epoch after warm-up) or a "
-        f"non-finite val loss; degraded = best val acc more than {args.margin:g} below the best run of the table; "
-        f"converged otherwise (per seed; a row whose seeds disagree counts them).", ""])
+        verdict_text(args.margin), ""])
     (out / "devices.md").write_text(text)
     write_csv(out / "devices.csv", ["devices", "rule", "effective_batch", "scaled_lr", "optimizer_steps",
                                     "final_val_acc_median", "final_val_acc_min", "final_val_acc_max",

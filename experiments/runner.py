@@ -426,9 +426,10 @@ def time_text(results: Sequence[RunResult], wall_s: Optional[float], parallel: i
 
 
 def verdict_text(margin: float) -> str:
-    return (f"Verdicts: diverged = exit 70 (training diverged) or a non-finite val loss/acc; degraded = best val acc "
-            f"more than {margin:g} below the best run of the table; converged = within {margin:g} of it. Seconds are "
-            "training time (validation excluded), images/sec (all ranks) the median of the epoch lines.")
+    """The verdict rules under a table (``verdict``, ``verdict_cell``)."""
+    return (f"Verdicts (per seed): diverged = exit 70 (non-finite values, or val acc at chance an epoch after warm-up) "
+            f"or a non-finite val loss/acc; degraded = best val acc more than {margin:g} below the best run of the "
+            f"table; converged = within {margin:g} of it. A row whose seeds disagree counts them.")
 
 
 def seed_stats(values: Sequence[Optional[float]]) -> List[Optional[float]]:

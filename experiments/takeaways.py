@@ -55,6 +55,7 @@ from experiments.runner import (
     time_text,
     train_or_load,
     verdict_cell,
+    verdict_text,
     warmup_cell,
     write_csv,
 )
@@ -136,9 +137,7 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
         f"on the held-out images: median (min–max) over the seeds, last epoch and best epoch; epoch to target: the "
         f"first epoch at val acc {budget.target:g} or above (median). {time_text(results, wall_s, budget.parallel)}",
         "", markdown_table(COLUMNS, [r["cells"] for r in rows_]), "",
-        f"Verdicts (per seed): diverged = exit 70 (non-finite values, or val acc at chance an epoch after warm-up) or "
-        f"a non-finite val loss/acc; degraded = best val acc more than {args.margin:g} below the best run of the "
-        f"table; converged = within {args.margin:g} of it.", ""])
+        verdict_text(args.margin), ""])
     (out / "takeaways.md").write_text(text)
     summary_keys = ("world_size", "virtual_devices", "batch_size_per_device", "effective_batch_size", "base_lr", "scaled_lr",
                     "lr_scaling", "warmup_steps", "total_steps", "optimizer", "momentum")
