@@ -377,8 +377,7 @@ def train_or_load(specs: Sequence[RunSpec], budget: Budget, args):
 def budget_from(args) -> Budget:
     return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
                   data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,
-                  seed=args.seed, val_size=getattr(args, "val_size", 0), parallel=getattr(args, "parallel", 1),
-                  resume=getattr(args, "resume", False))
+                  seed=args.seed, val_size=args.val_size, parallel=args.parallel, resume=args.resume)
 
 
 def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None):
