@@ -204,9 +204,9 @@ def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optio
 
 
 def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
-                   check: bool = True, read: Optional[Callable[[Path], Any]] = None) -> Finished:
+                   read: Optional[Callable[[Path], Any]] = None) -> Finished:
     """``python train.py ARGS`` in a fresh temporary folder, with ``$FASHION_MNIST_DIR`` kept and ``threads``
-    OpenMP threads (None: torch's own choice): benchmarks and recipe runs. ``check``: raise on a non-zero exit;
+    OpenMP threads (None: torch's own choice): benchmarks and recipe runs. Raises RuntimeError on a non-zero exit;
     ``read(folder)``: what to keep of the folder (e.g. the run's record) before it is removed."""
     env = clean_env(keep_data_dir=True)
     if threads is None:
@@ -217,6 +217,6 @@ def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optiona
         finished = run_train(args, Path(cwd), timeout_s, env)
         if read is not None:
             finished.record = read(Path(cwd))
-    if check and finished.returncode != 0:
+    if finished.returncode != 0:
         raise RuntimeError(f"train.py {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
     return finished
