@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine, sgd_for, timed_steps  # noqa: E402
-from callbacks.run_record import RunResults, read_run  # noqa: E402
 from benchmarks import launch  # noqa: E402
 from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
 
@@ -80,10 +79,9 @@ def table(opts) -> List[str]:
     return lines
 
 
-def train_py(args: List[str], timeout: float = 600) -> RunResults:
-    finished = launch.run_in_scratch(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout,
-                                     read=lambda folder: read_run(folder / "runs"))
-    return finished.record
+def train_py(args: List[str], timeout: float = 600):
+    """train.py with the default config in a scratch folder, its record; SystemExit (caught here) when it fails."""
+    return launch.train_record(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout)
 
 
 def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
@@ -104,7 +102,7 @@ def options(opts) -> List[str]:
         for name, flags in variants.items():
             try:
                 rate, first = steady_rate(opts.network, opts.batch_size, opts.epochs, flags)
-            except RuntimeError as error:
+            except SystemExit as error:
                 print(f"{name}: {error}", flush=True)
                 continue
             samples[name].append(rate)
@@ -142,7 +140,7 @@ def smoke(opts) -> List[str]:
             hparams = yaml.safe_load((record.folder / "hparams.yaml").read_text()) if record.folder else {}
             note = hparams.get("backend", "no record")
             code = 0
-        except RuntimeError as error:
+        except SystemExit as error:
             note, code = str(error).splitlines()[-1][:120], 1
         lines.append(f"| {strategy} | {code} | {note} | {time.perf_counter() - started:.0f} |")
         print(lines[-1], flush=True)

@@ -220,3 +220,16 @@ def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optiona
     if finished.returncode != 0:
         raise RuntimeError(f"train.py {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
     return finished
+
+
+def train_record(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
+                 read: Optional[Callable[[Path], Any]] = None):
+    """:func:`run_in_scratch`'s run, read back from its ``runs`` folder by ``read`` (default: callbacks/run_record.py's
+    ``read_run``, the newest run's epochs and last values); a failed run ends the calling tool (SystemExit with the
+    command and its stderr tail)."""
+    from callbacks.run_record import read_run  # imports lightning: only when a tool trains
+
+    try:
+        return run_in_scratch(args, timeout_s, threads, read=lambda folder: (read or read_run)(folder / "runs")).record
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error

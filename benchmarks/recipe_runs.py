@@ -23,22 +23,17 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
-from callbacks.run_record import read_run  # noqa: E402
 from benchmarks import launch  # noqa: E402
 
 
 def one_run(recipe: str, seed: int, extra) -> dict:
     started = time.perf_counter()
-    try:
-        finished = launch.run_in_scratch(["--config", str(Path(recipe).resolve()), "--seed", str(seed), *extra], 3600,
-                                         read=lambda folder: read_run(folder / "runs"))
-    except RuntimeError as error:
-        raise SystemExit(f"seed {seed}: {error}") from error
+    record = launch.train_record(["--config", str(Path(recipe).resolve()), "--seed", str(seed), *extra], 3600)
     wall = time.perf_counter() - started
-    epochs = [e for e in finished.record.epochs if e.cumulative_s is not None]
+    epochs = [e for e in record.epochs if e.cumulative_s is not None]
     return {"seed": seed, "epochs": len(epochs), "train_s": epochs[-1].cumulative_s,
             "images_per_sec": statistics.median(e.images_per_sec for e in epochs), "val_acc": epochs[-1].val_acc,
-            "test_acc": finished.record.test.get("test/acc", float("nan")), "wall_s": wall}
+            "test_acc": record.test.get("test/acc", float("nan")), "wall_s": wall}
 
 
 def print_table(recipe: str, extra, rows) -> None:

@@ -49,7 +49,6 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from callbacks.run_record import RunResults, read_run  # noqa: E402
 from benchmarks import launch  # noqa: E402
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
 from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
@@ -243,16 +242,6 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
     return {"workshop": workshop, "train.py": ours}
 
 
-def run_train(args: List[str], threads=None, timeout: float = 900) -> RunResults:
-    """train.py in a scratch folder with the default config; returns its record (metrics.csv)."""
-    try:
-        finished = launch.run_in_scratch(["--config", str(DEFAULT_CONFIG), *args], timeout, threads,
-                                         read=lambda folder: read_run(folder / "runs"))
-    except RuntimeError as error:
-        raise SystemExit(str(error)) from error
-    return finished.record
-
-
 def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
     """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record.
 
@@ -261,9 +250,10 @@ def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), t
 
     ``first_step``: also return the first step's seconds (``time/first_step_s``: with compile, the compilation).
     """
-    record = run_train(["--accelerator", "cpu", "--network", network, "--batch_size", str(batch), "--epochs", str(epochs),
-                     "--trainer.limit_train_batches", str(steps), "--trainer.limit_val_batches", "0",
-                     "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra], threads)
+    record = launch.train_record(["--config", str(DEFAULT_CONFIG), "--accelerator", "cpu", "--network", network,
+                                  "--batch_size", str(batch), "--epochs", str(epochs), "--trainer.limit_train_batches",
+                                  str(steps), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
+                                  "--test_after_fit", "false", *extra], threads=threads)
     rates = {e.epoch: e.images_per_sec for e in record.epochs}
     steady = [rates[e] for e in range(2, epochs + 1) if rates.get(e) is not None]
     if not steady:

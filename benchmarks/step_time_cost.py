@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
-from callbacks.run_record import read_run  # noqa: E402
 from benchmarks import launch  # noqa: E402
 
 
@@ -36,13 +35,11 @@ def config_without_breakdown(folder: Path) -> Path:
 
 def rate(args, extra) -> float:
     precision = ["--trainer.precision", args.precision] if args.precision else []
-    finished = launch.run_in_scratch([*extra, *precision, "--strategy", "ddp", "--devices", str(args.devices),
-                                      "--accelerator", args.accelerator, "--network", args.network,
-                                      "--data.train_subset", str(args.train_subset),
-                                      "--epochs", str(args.epochs), "--trainer.limit_val_batches", "1",
-                                      "--test_after_fit", "false"], 1800, threads=1,
-                                     read=lambda folder: read_run(folder / "runs"))
-    return statistics.median(e.images_per_sec for e in finished.record.epochs[1:])
+    record = launch.train_record([*extra, *precision, "--strategy", "ddp", "--devices", str(args.devices),
+                                  "--accelerator", args.accelerator, "--network", args.network,
+                                  "--data.train_subset", str(args.train_subset), "--epochs", str(args.epochs),
+                                  "--trainer.limit_val_batches", "1", "--test_after_fit", "false"], 1800, threads=1)
+    return statistics.median(e.images_per_sec for e in record.epochs[1:])
 
 
 def main(argv=None) -> int:

@@ -20,19 +20,14 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from callbacks.run_record import RunResults, read_run  # noqa: E402
 from benchmarks import launch  # noqa: E402
 
 
-def train(args, threads=None) -> RunResults:
+def train(args, threads=None):
     """Run train.py in a scratch folder; return its record (metrics.csv)."""
     common = ["--accelerator", "cpu", "--test_after_fit", "false", "--trainer.enable_checkpointing", "false",
               "--trainer.callbacks", "callbacks.ThroughputReport", "--trainer.callbacks+=callbacks.PeakMemory"]
-    try:
-        finished = launch.run_in_scratch([*common, *args], 1800, threads, read=lambda folder: read_run(folder / "runs"))
-    except RuntimeError as error:
-        raise SystemExit(str(error)) from error
-    return finished.record
+    return launch.train_record([*common, *args], 1800, threads)
 
 
 def model_state(network: str, strategy: str, batch: int) -> tuple:

@@ -164,21 +164,17 @@ def contention(network: str, batch: int, processes: int, seconds: float = 4.0) -
 
 def train_run(devices: int, network: str, batch: int, subset: int, epochs: int) -> dict:
     """train.py with ``devices`` CPU ranks of one thread each; its steady epochs (2..) from metrics.csv."""
-    from callbacks.run_record import read_rows, run_dirs
+    from callbacks.run_record import FILE_NAME, read_rows, run_dirs
     from benchmarks import launch
 
-    def read(folder: Path):
-        run = run_dirs(folder / "runs")[-1]
-        return read_rows(run / "metrics.csv")
-
     strategy = ["--strategy", "ddp"] if devices > 1 else []
-    finished = launch.run_in_scratch([*strategy, "--devices", str(devices), "--accelerator", "cpu", "--network", network,
-                                      "--batch_size", str(batch), "--data.train_subset", str(subset), "--epochs",
-                                      str(epochs), "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
-                                      "--lr_scaling", "none"],  # speed only: no larger lr to trip the guard
-                                     1800, threads=1, read=read)
+    rows = launch.train_record([*strategy, "--devices", str(devices), "--accelerator", "cpu", "--network", network,
+                                "--batch_size", str(batch), "--data.train_subset", str(subset), "--epochs",
+                                str(epochs), "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
+                                "--lr_scaling", "none"],  # speed only: no larger lr to trip the guard
+                               1800, threads=1, read=lambda runs: read_rows(run_dirs(runs)[-1] / FILE_NAME))
     epochs_rows: Dict[int, Dict[str, float]] = {}
-    for row in finished.record:
+    for row in rows:
         if row.get("epoch") not in (None, ""):
             values = epochs_rows.setdefault(int(float(row["epoch"])), {})
             values.update({k: float(v) for k, v in row.items() if v not in (None, "")})
