@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine, sgd_for, timed_steps  # noqa: E402
 from benchmarks import launch  # noqa: E402
+from callbacks.run_record import run_dirs  # noqa: E402
 from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
 
 # train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory). The memory
@@ -79,9 +80,16 @@ def table(opts) -> List[str]:
     return lines
 
 
-def train_py(args: List[str], timeout: float = 600):
-    """train.py with the default config in a scratch folder, its record; SystemExit (caught here) when it fails."""
-    return launch.train_record(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout)
+def train_py(args: List[str], timeout: float = 600, read=None):
+    """train.py with the default config in a scratch folder, its record (or ``read``'s); SystemExit when it fails."""
+    return launch.train_record(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout, read=read)
+
+
+def backend(runs: Path) -> str:
+    """The process group backend of the newest run under ``runs``, from its hparams.yaml."""
+    found = run_dirs(runs)
+    hparams = yaml.safe_load((found[-1] / "hparams.yaml").read_text()) if found else {}
+    return hparams.get("backend", "no record")
 
 
 def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
@@ -134,11 +142,9 @@ def smoke(opts) -> List[str]:
     for strategy in ("ddp", "dp", "fsdp"):
         started = time.perf_counter()
         try:
-            record = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
-                            "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
-                            "--test_after_fit", "false"], timeout=300)
-            hparams = yaml.safe_load((record.folder / "hparams.yaml").read_text()) if record.folder else {}
-            note = hparams.get("backend", "no record")
+            note = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
+                             "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
+                             "--test_after_fit", "false"], timeout=300, read=backend)
             code = 0
         except SystemExit as error:
             note, code = str(error).splitlines()[-1][:120], 1
