@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Sequence
+from typing import Sequence
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
 from benchmarks import launch  # noqa: E402
+from benchmarks.tables import markdown_table, median_range  # noqa: E402
 
 TAG = "throughput/images_per_sec"
 
@@ -51,10 +52,6 @@ def one_run(tree: Path, flags: Sequence[str], timeout_s: float) -> float:
         if done.returncode != 0:
             raise SystemExit(f"{tree}: train.py exited {done.returncode}:\n{done.stderr[-2000:]}")
         return steady_speed(Path(scratch))
-
-
-def summary(values: List[float]) -> str:
-    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
 
 
 def main(argv=None) -> None:
@@ -85,8 +82,8 @@ def main(argv=None) -> None:
                            capture_output=True)
     ratios = [new / old for new, old in zip(speeds["new"], speeds["old"])]
     print(f"\ntrain.py {' '.join(args.flags)}; {machine()}")
-    print(f"| tree | images/sec, median (range) of {args.runs} |\n|---|---|")
-    print(f"| {commit} | {summary(speeds['old'])} |\n| working tree | {summary(speeds['new'])} |")
+    print(markdown_table(["tree", f"images/sec, median (range) of {args.runs}"],
+                         [[commit, median_range(speeds["old"])], ["working tree", median_range(speeds["new"])]]))
     print(f"new/old: {statistics.median(speeds['new']) / statistics.median(speeds['old']):.3f} "
           f"(per pair {', '.join(f'{r:.2f}' for r in ratios)})")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.tables import markdown_table  # noqa: E402
 from tests.idx_files import write_fashion_mnist  # noqa: E402
 from tests.strategy_runs import StrategyRuns  # noqa: E402
 from tests.test_equivalence import DDP2, MOMENTUM, _plain_sgd  # noqa: E402
@@ -23,20 +24,20 @@ def main() -> None:
     ddp = runs.get(*DDP2, "--batch_size", "16", *MOMENTUM)
     fsdp = runs.get("--strategy", "fsdp", "--devices", "2", "--batch_size", "16", *MOMENTUM)
     print("8 steps, mlp, SGD momentum 0.9, weight decay 5e-4, lr 0.05, effective batch 32\n")
-    print("| compared | max abs weight difference | weights moved by |")
-    print("|---|---|---|")
-    print(f"| 2 ranks x 16 (ddp) vs 1 process x 32 | {ddp.distance(one):.1e} | {one.moved():.3f} |")
-    print(f"| 2 ranks x 16 fsdp vs ddp | {fsdp.distance(ddp):.1e} | {ddp.moved():.3f} |")
+    print(markdown_table(["compared", "max abs weight difference", "weights moved by"], [
+        ["2 ranks x 16 (ddp) vs 1 process x 32", f"{ddp.distance(one):.1e}", f"{one.moved():.3f}"],
+        ["2 ranks x 16 fsdp vs ddp", f"{fsdp.distance(ddp):.1e}", f"{ddp.moved():.3f}"]]))
     print("\nplain SGD: 2 ranks x 16 at 2*lr (linear rule), 8 steps, vs 1 process x 16 at lr\n")
-    print("| lr | vs 16 steps at lr (same images) | vs 8 steps at lr | weights moved by | 16-step gap / moved |")
-    print("|---|---|---|---|---|")
+    rows = []
     for lr in (0.04, 0.02, 0.01):
         scaled = runs.get(*DDP2, *_plain_sgd(lr), "--lr_scaling", "linear")
         same_images = runs.get("--devices", "1", *_plain_sgd(lr), "--lr_scaling", "none")
         same_steps = runs.get("--devices", "1", *_plain_sgd(lr), "--lr_scaling", "none", "--trainer.max_steps", "8")
         gap = scaled.distance(same_images)
-        print(f"| {lr} | {gap:.2e} | {scaled.distance(same_steps):.2e} | {scaled.moved():.2e} | "
-              f"{gap / scaled.moved():.4f} |")
+        rows.append([str(lr), f"{gap:.2e}", f"{scaled.distance(same_steps):.2e}", f"{scaled.moved():.2e}",
+                     f"{gap / scaled.moved():.4f}"])
+    print(markdown_table(["lr", "vs 16 steps at lr (same images)", "vs 8 steps at lr", "weights moved by",
+                          "16-step gap / moved"], rows))
 
 
 if __name__ == "__main__":

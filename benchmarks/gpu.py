@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine, sgd_for, timed_steps  # noqa: E402
 from benchmarks import launch  # noqa: E402
+from benchmarks.tables import markdown_table, median_range  # noqa: E402
 from callbacks.run_record import run_dirs  # noqa: E402
 from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
 
@@ -71,7 +72,7 @@ def bare_loop(network: str, batch: int, seconds: float, bf16: bool, channels_las
 def table(opts) -> List[str]:
     lines = [f"Bare loop on one GPU by batch size (`{opts.network}`, SGD momentum, one fixed batch in GPU memory, "
              f"synchronised every step; {opts.seconds:g} s per cell):", "",
-             "| batch | fp32 images/sec | bf16 autocast images/sec |", "|---|---|---|"]
+             markdown_table(["batch", "fp32 images/sec", "bf16 autocast images/sec"], [])]
     for size in (2, 4, 16, 64, 128, 256, 512, 1024, 4096):
         fp32 = bare_loop(opts.network, size, opts.seconds, bf16=False)
         bf16 = bare_loop(opts.network, size, opts.seconds, bf16=True)
@@ -122,23 +123,22 @@ def options(opts) -> List[str]:
     base = statistics.median(samples["fp32"]) if samples["fp32"] else float("nan")
     lines = [f"train.py on one GPU, `{opts.network}`, batch {opts.batch_size}, full epochs, steady state (epochs 2-"
              f"{opts.epochs}), median of {opts.repeats} interleaved repeats; a = the bare loop at the same batch "
-             f"(fp32 {bound['fp32']:.0f}, bf16 {bound['bf16']:.0f} images/sec):", "",
-             "| variant | images/sec | vs fp32 | b/a |", "|---|---|---|---|"]
+             f"(fp32 {bound['fp32']:.0f}, bf16 {bound['bf16']:.0f} images/sec):", ""]
+    rows = []
     for name, values in samples.items():
         if not values:
-            lines.append(f"| {name} | failed | | |")
+            rows.append([name, "failed", "", ""])
             continue
         rate = statistics.median(values)
         a = bound["bf16" if "16" in name else "fp32"]
         note = f" (first step {first_steps[name]:.1f} s)" if name in first_steps else ""
-        lines.append(f"| {name}{note} | {rate:.0f} ({min(values):.0f}-{max(values):.0f}) | {rate / base:.2f} | "
-                     f"{rate / a:.2f} |")
-    return lines
+        rows.append([f"{name}{note}", median_range(values), f"{rate / base:.2f}", f"{rate / a:.2f}"])
+    return lines + [markdown_table(["variant", "images/sec", "vs fp32", "b/a"], rows)]
 
 
 def smoke(opts) -> List[str]:
     """ddp over NCCL, dp and fsdp on the one GPU: each trains 20 steps and validates; the backend is read back."""
-    lines = ["| strategy | exit | backend / note | seconds |", "|---|---|---|---|"]
+    lines = [markdown_table(["strategy", "exit", "backend / note", "seconds"], [])]
     for strategy in ("ddp", "dp", "fsdp"):
         started = time.perf_counter()
         try:

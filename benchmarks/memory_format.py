@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import compute_bound, machine, train_py_rate  # noqa: E402
+from benchmarks.tables import markdown_table, median_range  # noqa: E402
 
 
 def bare(network: str, batch: int, seconds: float, threads: int, channels_last: bool) -> float:
@@ -59,12 +60,10 @@ def main(argv=None) -> None:
         print(f"repeat {repeat + 1}/{opts.repeats} done", flush=True)
     print(f"\nCommand: `python -m benchmarks.memory_format {' '.join(sys.argv[1:] if argv is None else argv)}`; "
           f"batch {batch}, fp32, SGD momentum; images/sec, median of {opts.repeats} (range). Machine: {machine()}.\n")
-    print("| measurement | NCHW | NHWC | NHWC / NCHW |\n|---|---|---|---|")
-    for name, _ in pairs:
-        nchw, nhwc = samples[(name, False)], samples[(name, True)]
-        print(f"| {name} | {statistics.median(nchw):.0f} ({min(nchw):.0f}-{max(nchw):.0f}) | "
-              f"{statistics.median(nhwc):.0f} ({min(nhwc):.0f}-{max(nhwc):.0f}) | "
-              f"{statistics.median(nhwc) / statistics.median(nchw):.2f} |")
+    print(markdown_table(["measurement", "NCHW", "NHWC", "NHWC / NCHW"], [
+        [name, median_range(samples[(name, False)]), median_range(samples[(name, True)]),
+         f"{statistics.median(samples[(name, True)]) / statistics.median(samples[(name, False)]):.2f}"]
+        for name, _ in pairs]))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.speed import machine  # noqa: E402
 from benchmarks import launch  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 
 
 def one_run(recipe: str, seed: int, extra) -> dict:
@@ -38,10 +39,9 @@ def one_run(recipe: str, seed: int, extra) -> dict:
 
 def print_table(recipe: str, extra, rows) -> None:
     print(f"\n{recipe} {' '.join(extra)}; {machine()}\n")
-    print("| seed | epochs | training s | images/sec | test acc | wall s |\n|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['seed']} | {r['epochs']} | {r['train_s']:.1f} | {r['images_per_sec']:.0f} | {r['test_acc']:.4f} | "
-              f"{r['wall_s']:.0f} |")
+    print(markdown_table(["seed", "epochs", "training s", "images/sec", "test acc", "wall s"], [
+        [str(r["seed"]), str(r["epochs"]), f"{r['train_s']:.1f}", f"{r['images_per_sec']:.0f}", f"{r['test_acc']:.4f}",
+         f"{r['wall_s']:.0f}"] for r in rows]))
     for key in ("train_s", "test_acc"):
         values = [r[key] for r in rows]
         print(f"{key}: median {statistics.median(values):.4g}, range {min(values):.4g}-{max(values):.4g}")

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import launch  # noqa: E402
+from benchmarks.tables import markdown_table, median_range  # noqa: E402
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
 from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
 from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
@@ -292,10 +293,6 @@ def median_of(samples: Dict[str, List[float]]) -> Dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def spread(values: List[float]) -> str:
-    return f"{min(values):.0f}-{max(values):.0f}"
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--network", default="cnn")
@@ -415,46 +412,34 @@ def main(argv=None) -> None:
         f"Network `{net}`, batch {batch} per process, fp32, SGD momentum 0.9, {FORMAT} (train.py's default; "
         f"the workshop loop c: NCHW). Images/sec, median of {opts.repeats} interleaved repeats (range in brackets).",
         "",
-        "| | measurement | images/sec |",
-        "|---|---|---|",
-        f"| a | compute bound: bare loop on one fixed in-memory batch | {m['a']:.0f} ({spread(samples['a'])}) |",
-        f"| b | train.py, default config, steady state (epochs 2-3) | {m['b']:.0f} ({spread(samples['b'])}) |",
-        f"| c | workshop loop: torchvision dataset, ToTensor/Normalize per image, DataLoader "
-        f"({opts.workshop_workers} workers) | {m['c']:.0f} ({spread(samples['c'])}) |",
     ]
-    if not opts.skip_ddp:
-        lines += [
-            f"| d1 | train.py, 1 process x 1 thread | {m['d1']:.0f} ({spread(samples['d1'])}) |",
-            f"| d2 | train.py, ddp 2 processes x 1 thread (all ranks) | {m['d2']:.0f} ({spread(samples['d2'])}) |",
-            f"| e1 | ceiling: one bare loop, 1 thread | {m['e1']:.0f} ({spread(samples['e1'])}) |",
-            f"| e2 | ceiling: two independent bare loops at once, 1 thread each (sum) | {m['e2']:.0f} "
-            f"({spread(samples['e2'])}) |",
-            f"| g | the two bare loops in lockstep: one 4-byte all-reduce per step, no gradients (sum) | {m['g']:.0f} "
-            f"({spread(samples['g'])}) |",
-            f"| f | bare loop under torch's DistributedDataParallel, 2 processes x 1 thread, gloo (all ranks) | "
-            f"{m['f']:.0f} ({spread(samples['f'])}) |",
-        ]
-    lines += [
-        "",
-        "| ratio | measured | target | |",
-        "|---|---|---|---|",
-    ]
-    for name, value in ratios.items():
-        if name in TARGETS:
-            verdict = "met" if value >= TARGETS[name] else "missed"
-            lines.append(f"| {name} | {value:.2f} | >= {TARGETS[name]} | {verdict} |")
-        else:
-            lines.append(f"| {name} | {value:.2f} | | |")
+    measured = {
+        "a": "compute bound: bare loop on one fixed in-memory batch",
+        "b": "train.py, default config, steady state (epochs 2-3)",
+        "c": f"workshop loop: torchvision dataset, ToTensor/Normalize per image, DataLoader "
+             f"({opts.workshop_workers} workers)",
+        "d1": "train.py, 1 process x 1 thread",
+        "d2": "train.py, ddp 2 processes x 1 thread (all ranks)",
+        "e1": "ceiling: one bare loop, 1 thread",
+        "e2": "ceiling: two independent bare loops at once, 1 thread each (sum)",
+        "g": "the two bare loops in lockstep: one 4-byte all-reduce per step, no gradients (sum)",
+        "f": "bare loop under torch's DistributedDataParallel, 2 processes x 1 thread, gloo (all ranks)",
+    }
+    lines += [markdown_table(["", "measurement", "images/sec"],
+                             [[key, text, median_range(samples[key])] for key, text in measured.items()
+                              if key in samples]), ""]
+    lines.append(markdown_table(["ratio", "measured", "target", ""], [
+        [name, f"{value:.2f}", *([f">= {TARGETS[name]}", "met" if value >= TARGETS[name] else "missed"]
+                                 if name in TARGETS else ["", ""])] for name, value in ratios.items()]))
     if options:
         lines += ["", "train.py's options against (b), steady state; first: the first epoch's seconds, or with "
-                      "compile the first step's (compilation):", "",
-                  "| option | images/sec | vs (b) | first epoch / step s |", "|---|---|---|---|"]
-        lines += [f"| {name} | {m[name]:.0f} ({spread(samples[name])}) | {m[name] / m['b']:.2f} | "
-                  f"{statistics.median(first_steps[name]):.1f} |" for name in options]
-    header = " | ".join(f"{d} images/sec" for d in devices)
-    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32, {FORMAT}):", "", f"| batch | {header} |",
-              "|---" * (len(devices) + 1) + "|"]
-    lines += [f"| {row[0]} | " + " | ".join(f"{v:.0f}" for v in row[1:]) + " |" for row in by_batch]
+                      "compile the first step's (compilation):", ""]
+        lines.append(markdown_table(["option", "images/sec", "vs (b)", "first epoch / step s"], [
+            [name, median_range(samples[name]), f"{m[name] / m['b']:.2f}",
+             f"{statistics.median(first_steps[name]):.1f}"] for name in options]))
+    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32, {FORMAT}):", ""]
+    lines.append(markdown_table(["batch", *(f"{d} images/sec" for d in devices)],
+                                [[str(row[0]), *(f"{v:.0f}" for v in row[1:])] for row in by_batch]))
     if not torch.cuda.is_available():
         lines += ["", "GPU rows: no GPU on this machine (unverified)."]
     lines += ["", f"`python train.py --help`: {startup_s['help']:.1f} s; `python -c \"import torch\"`: "

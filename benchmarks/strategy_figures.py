@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks import launch  # noqa: E402
+from benchmarks.tables import markdown_table  # noqa: E402
 
 
 def train(args, threads=None):
@@ -52,8 +53,7 @@ def main() -> None:
         raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}")
-    print("\n| network | strategy | parameters / rank (MiB) | optimizer state / rank (MiB) |")
-    print("|---|---|---|---|")
+    print("\n" + markdown_table(["network", "strategy", "parameters / rank (MiB)", "optimizer state / rank (MiB)"], []))
     for network, batch in (("cnn", 128), ("wrn", 8)):
         for strategy in ("ddp", "fsdp"):
             params, optimizer = model_state(network, strategy, batch)
@@ -72,12 +72,9 @@ def main() -> None:
             rates[name].append(images_per_sec(devices, strategy, opts.batches, threads))
     base = statistics.median(rates[next(iter(jobs))])
     print(f"\ncnn, batch 128 per process, {opts.batches} steps per epoch, epoch 2, median of {opts.repeats}\n")
-    print("| job | images/sec (median) | runs | vs 1 process |")
-    print("|---|---|---|---|")
-    for name, values in rates.items():
-        median = statistics.median(values)
-        runs = ", ".join(f"{v:.0f}" for v in values)
-        print(f"| {name} | {median:.0f} | {runs} | {median / base:.2f}x |")
+    print(markdown_table(["job", "images/sec (median)", "runs", "vs 1 process"], [
+        [name, f"{statistics.median(values):.0f}", ", ".join(f"{v:.0f}" for v in values),
+         f"{statistics.median(values) / base:.2f}x"] for name, values in rates.items()]))
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks.tables import markdown_table
 from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, add_grid_arguments, budget_from,
-                                by_row, command_line, exit_status, figure, fmt, markdown_table, seed_stats, spread,
+                                by_row, command_line, exit_status, figure, fmt, seed_stats, spread,
                                 time_text, train_or_load, verdict_cell, verdict_text, write_csv)
 
 RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")

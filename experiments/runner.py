@@ -262,12 +262,6 @@ def fmt(value: Optional[float], spec: str = ".4f", none: str = "n/a") -> str:
     return none if value is None else format(value, spec)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def lr_cell(summary: dict) -> str:
     """``0.01 → 0.04 (linear)``; the base alone when no rule changed it."""
     if not summary:

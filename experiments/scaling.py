@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from benchmarks.tables import markdown_table  # noqa: E402
 
 DEVICES = (1, 2, 4, 8, 16, 32, 64)
 BUSY = ("data", "forward", "backward", "optimizer", "other")  # a rank's own work: all but comm and wait
@@ -285,17 +286,17 @@ def workshop() -> None:
     step = 128 / 622
     print(f"wrn: {grad / 1e6:.1f} MB of fp32 gradients, {buckets(grad)} DDP buckets; one GPU: {step * 1e3:.0f} ms "
           f"per step of 128 images (622 images/sec)")
-    print("| link (figure, source) | B (GB/s) | all-reduce of 4 GPUs (ms) | exposed (ms) | 4-GPU images/sec | "
-          "efficiency | if nothing were hidden |")
-    print("|---|---|---|---|---|---|---|")
+    rows = []
     for name, bandwidth in LINKS:
         link = Link(alpha=10e-6, bandwidth=bandwidth * 1e9)  # NCCL's latency per step of a ring: ~10 us
         one = OneRank(128, 0.0, step / 3, step * 2 / 3, 0.0, 0.0, 0.0)  # backward ~ 2/3 of a step
         comm = ring_allreduce_s(4, grad, link, buckets(grad))
         parts = predict_step_s(4, one, grad, link)
         rate = predict(4, one, grad, link)
-        print(f"| {name} | {bandwidth:g} | {comm * 1e3:.1f} | {parts['comm'] * 1e3:.1f} | "
-              f"{rate['images_per_sec']:.0f} | {rate['efficiency']:.1%} | {step / (step + comm):.1%} |")
+        rows.append([name, f"{bandwidth:g}", f"{comm * 1e3:.1f}", f"{parts['comm'] * 1e3:.1f}",
+                     f"{rate['images_per_sec']:.0f}", f"{rate['efficiency']:.1%}", f"{step / (step + comm):.1%}"])
+    print(markdown_table(["link (figure, source)", "B (GB/s)", "all-reduce of 4 GPUs (ms)", "exposed (ms)",
+                          "4-GPU images/sec", "efficiency", "if nothing were hidden"], rows))
 
 
 # (name, bytes per second one way, in GB/s): spec figures, a ring all-reduce moves data both ways at once

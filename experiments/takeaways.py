@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from benchmarks.tables import markdown_table
 from experiments.runner import (
     Budget,
     RunResult,
@@ -48,7 +49,6 @@ from experiments.runner import (
     command_line,
     exit_status,
     lr_cell,
-    markdown_table,
     plot_curves,
     seed_stats,
     spread,
