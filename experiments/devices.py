@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from benchmarks.tables import markdown_table
+from experiments import runner
 from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, add_grid_arguments, budget_from,
-                                by_row, command_line, exit_status, figure, fmt, seed_stats, spread,
-                                time_text, train_or_load, verdict_cell, verdict_text, write_csv)
+                                by_row, figure, fmt, seed_stats, spread,
+                                time_text, verdict_cell, verdict_text, write_csv, write_runs_csv)
 
 RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")
 DEFAULT_RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb")
@@ -126,10 +127,8 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
                                     "best_val_acc_median", "diverged_runs", "runs", "verdict"],
               [[r["devices"], r["rule"], r["effective_batch"], r["lr"], r["steps"], *seed_stats(r["final"]),
                 seed_stats(r["best"])[0], r["diverged"], r["runs"], r["verdict"]] for r in rows])
-    write_csv(out / "devices_runs.csv", ["run", "devices", "rule", "seed", "exit_code", "final_val_acc",
-                                         "best_val_acc", "images_per_sec", "wall_s"],
-              [[r.spec.name, r.spec.virtual, r.spec.row, r.spec.seed, r.returncode, r.final_acc, r.best_acc,
-                r.median_images_per_sec, round(r.wall_s, 1)] for r in results])
+    write_runs_csv(out / "devices_runs.csv", results,
+                   {"devices": lambda r: r.spec.virtual, "rule": lambda r: r.spec.row})
     plot(rows, out / "devices.png", f"Experiment 3: {budget.network}, {args.batch_size} per device, "
                                     f"{budget.epochs} epochs")
     return text
@@ -158,14 +157,8 @@ def parse_args(argv: Optional[Sequence[str]] = None):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    budget = budget_from(args)
     specs = grid([int(n) for n in args.devices.split(",")], args.rules.split(","), args.seeds, args)
-    done = train_or_load(specs, budget, args)
-    if done is None:
-        return 2
-    results, wall_s = done
-    print(write_outputs(results, budget, args, command_line("experiments.devices", argv), wall_s))
-    return exit_status(results)
+    return runner.run_command("experiments.devices", argv, specs, budget_from(args), args, write_outputs)
 
 
 if __name__ == "__main__":

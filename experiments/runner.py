@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -355,17 +355,23 @@ def add_grid_arguments(parser, each: str) -> None:
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
 
 
-def train_or_load(specs: Sequence[RunSpec], budget: Budget, args):
-    """(results, wall seconds): the runs trained, or with ``--report_only`` read back from ``--out_dir`` (wall None);
-    None after one error line when a run to read back has not finished."""
-    out_dir = Path(args.out_dir)
-    if not args.report_only:
-        return run_all(specs, budget, out_dir, args.max_ranks_per_node)
-    try:
-        return load(specs, out_dir), None
-    except FileNotFoundError as missing:
-        print(f"error: {missing}", file=sys.stderr)
-        return None
+def run_command(module: str, argv: Optional[Sequence[str]], specs: Sequence[RunSpec], budget: Budget, args,
+                write_outputs: Callable) -> int:
+    """An experiment command after its arguments: train ``specs`` (``--report_only``: read them back from
+    ``--out_dir``, wall time None) and print what ``write_outputs(results, budget, args, command, wall_s)`` wrote.
+    Exit status 0 when every run finished or was stopped as diverged (a result), else 1; 2 (after one error line)
+    when a run to read back has not finished."""
+    if args.report_only:
+        try:
+            results, wall_s = load(specs, Path(args.out_dir)), None
+        except FileNotFoundError as missing:
+            print(f"error: {missing}", file=sys.stderr)
+            return 2
+    else:
+        results, wall_s = run_all(specs, budget, Path(args.out_dir), args.max_ranks_per_node)
+    command = " ".join(["python -m", module, *(sys.argv[1:] if argv is None else argv)])
+    print(write_outputs(results, budget, args, command, wall_s))
+    return 0 if all(r.returncode in (0, DIVERGED_EXIT) for r in results) else 1
 
 
 def budget_from(args) -> Budget:
@@ -400,15 +406,6 @@ def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_p
     with ThreadPoolExecutor(max_workers=max(1, budget.parallel)) as pool:
         results = list(pool.map(one, enumerate(specs)))
     return results, None if kept else time.monotonic() - started
-
-
-def command_line(module: str, argv: Optional[Sequence[str]]) -> str:
-    return " ".join(["python -m", module, *(sys.argv[1:] if argv is None else argv)])
-
-
-def exit_status(results: Sequence[RunResult]) -> int:
-    """0 when every run finished or was stopped as diverged (a result), else 1."""
-    return 0 if all(r.returncode in (0, DIVERGED_EXIT) for r in results) else 1
 
 
 def time_text(results: Sequence[RunResult], wall_s: Optional[float], parallel: int) -> str:
@@ -464,3 +461,15 @@ def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> No
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
+
+
+def write_runs_csv(path: Path, results: Sequence[RunResult], labels: Dict[str, Callable[[RunResult], object]],
+                   verdicts_: Optional[Sequence[str]] = None) -> None:
+    """One line per run: its name, its ``labels`` columns (table row, devices...), seed, exit code, its verdict
+    when given, then what it recorded."""
+    verdict = ["verdict"] if verdicts_ else []
+    write_csv(path, ["run", *labels, "seed", "exit_code", *verdict, "final_val_acc", "best_val_acc", "images_per_sec",
+                     "wall_s"],
+              [[r.spec.name, *(label(r) for label in labels.values()), r.spec.seed, r.returncode,
+                *([verdicts_[i]] if verdicts_ else []), r.final_acc, r.best_acc, r.median_images_per_sec,
+                round(r.wall_s, 1)] for i, r in enumerate(results)])

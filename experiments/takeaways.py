@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from benchmarks.tables import markdown_table
+from experiments import runner
 from experiments.runner import (
     Budget,
     RunResult,
@@ -46,18 +47,16 @@ from experiments.runner import (
     add_grid_arguments,
     budget_from,
     by_row,
-    command_line,
-    exit_status,
     lr_cell,
     plot_curves,
     seed_stats,
     spread,
     time_text,
-    train_or_load,
     verdict_cell,
     verdict_text,
     warmup_cell,
     write_csv,
+    write_runs_csv,
 )
 
 COLUMNS = ["config", "devices × batch = effective", "LR (base → scaled, rule)", "warm-up", "optimizer",
@@ -147,11 +146,8 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
               [[r["cells"][0], *(r["summary"].get(k) for k in summary_keys),
                 *seed_stats([x.final_acc for x in r["runs"]]), seed_stats([x.best_acc for x in r["runs"]])[0],
                 r["seen"].count("diverged"), len(r["runs"]), r["cells"][-1]] for r in rows_])
-    write_csv(out / "takeaways_runs.csv",
-              ["run", "config", "seed", "exit_code", "verdict", "final_val_acc", "best_val_acc", "images_per_sec",
-               "wall_s"],
-              [[x.spec.name, x.spec.row, x.spec.seed, x.returncode, v, x.final_acc, x.best_acc,
-                x.median_images_per_sec, round(x.wall_s, 1)] for r in rows_ for x, v in zip(r["runs"], r["seen"])])
+    write_runs_csv(out / "takeaways_runs.csv", [x for r in rows_ for x in r["runs"]], {"config": lambda x: x.spec.row},
+                   [v for r in rows_ for v in r["seen"]])
     plot_curves(results, [r.spec.row for r in results], out / "takeaways.png",
                 f"Workshop recipes, {budget.network}, {budget.epochs} epochs, held-out validation", budget.target)
     return text
@@ -183,12 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     budget = budget_from(args)
     specs = grid(budget, args.devices, args.scale_devices, args.seeds, args.ddp, args.only)
-    done = train_or_load(specs, budget, args)
-    if done is None:
-        return 2
-    results, wall_s = done
-    print(write_outputs(results, budget, args, command_line("experiments.takeaways", argv), wall_s))
-    return exit_status(results)
+    return runner.run_command("experiments.takeaways", argv, specs, budget, args, write_outputs)
 
 
 if __name__ == "__main__":
