@@ -21,12 +21,10 @@ from typing import Sequence
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.speed import machine  # noqa: E402
-from benchmarks import launch  # noqa: E402
-from benchmarks.tables import markdown_table, median_range  # noqa: E402
+from benchmarks.speed import machine
+from benchmarks import launch
+from benchmarks.launch import REPO
+from benchmarks.tables import markdown_table, median_range
 
 TAG = "throughput/images_per_sec"
 

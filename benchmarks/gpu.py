@@ -20,14 +20,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.speed import machine, sgd_for, timed_steps  # noqa: E402
-from benchmarks import launch  # noqa: E402
-from benchmarks.tables import markdown_table, median_range  # noqa: E402
-from callbacks.run_record import run_dirs  # noqa: E402
-from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
+from benchmarks.speed import machine, sgd_for, timed_steps
+from benchmarks import launch
+from benchmarks.launch import REPO
+from benchmarks.tables import markdown_table, median_range
+from callbacks.run_record import run_dirs
+from fashion_mnist_dp.cli.shorthand import named_class
 
 # train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory). The memory
 # format is explicit in every row: configs/default.yaml trains NHWC, the bare loop of `table` NCHW.

@@ -11,16 +11,12 @@ and the NHWC/NCHW ratio are printed as a Markdown table.
 import argparse
 import statistics
 import sys
-from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.speed import compute_bound, machine, train_py_rate  # noqa: E402
-from benchmarks.tables import markdown_table, median_range  # noqa: E402
+from benchmarks.speed import compute_bound, machine, train_py_rate
+from benchmarks.tables import markdown_table, median_range
 
 
 def bare(network: str, batch: int, seconds: float, threads: int, channels_last: bool) -> float:

@@ -15,16 +15,12 @@ the back-to-back comparison a "half today's time" goal needs on a machine whose 
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.speed import machine  # noqa: E402
-from benchmarks import launch  # noqa: E402
-from benchmarks.tables import markdown_table  # noqa: E402
+from benchmarks.speed import machine
+from benchmarks import launch
+from benchmarks.tables import markdown_table
 
 
 def one_run(recipe: str, seed: int, extra) -> dict:

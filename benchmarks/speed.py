@@ -39,22 +39,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks import launch  # noqa: E402
-from benchmarks.tables import markdown_table, median_range  # noqa: E402
-from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD  # noqa: E402
-from datamodules.files import default_data_dir, torchvision_root  # noqa: E402
-from fashion_mnist_dp.cli.shorthand import named_class  # noqa: E402
-from lightning_modules import FashionMNISTClassifier  # noqa: E402
+from benchmarks import launch
+from benchmarks.launch import REPO
+from benchmarks.tables import markdown_table, median_range
+from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD
+from datamodules.files import default_data_dir, torchvision_root
+from fashion_mnist_dp.cli.shorthand import named_class
+from lightning_modules import FashionMNISTClassifier
 
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 # The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.

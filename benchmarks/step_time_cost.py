@@ -16,11 +16,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.speed import machine  # noqa: E402
-from benchmarks import launch  # noqa: E402
+from benchmarks.speed import machine
+from benchmarks import launch
+from benchmarks.launch import REPO
 
 
 def config_without_breakdown(folder: Path) -> Path:

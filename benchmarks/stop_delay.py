@@ -10,15 +10,11 @@ import argparse
 import random
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks import launch  # noqa: E402
+from benchmarks import launch
 
 
 def one_trial(extra, after_s: float) -> tuple:

@@ -33,9 +33,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-from benchmarks.tables import markdown_table  # noqa: E402
+from benchmarks.launch import REPO
+from benchmarks.tables import markdown_table
 
 DEVICES = (1, 2, 4, 8, 16, 32, 64)
 BUSY = ("data", "forward", "backward", "optimizer", "other")  # a rank's own work: all but comm and wait
