@@ -3,36 +3,10 @@
     python -m experiments.sandbox --world_size 2 --batch_size 128 --lr 1e-3
     python -m experiments.sandbox --world_size 4 --noise 0.1 --n_experiments 10000 --lr_scaling sqrt
 
-The model is y_hat = w·x with w initialised to 1, trained by plain SGD on the mean squared
-error towards target 0 from input 1 (``--noise s``: x = 1 + s·ε1, y = s·ε2, ε standard normal).
-``--lr`` is the learning rate known to work at the per-process batch B/N (the project's
-convention: base_batch_size = the per-device batch). Three runs see exactly the same samples:
-
-1. one process at batch B/N with that lr, N·steps steps (the recipe one knows);
-2. one process at batch B, lr scaled by ``--lr_scaling`` (none: ×1, linear: ×N, sqrt: ×√N), ``steps`` steps;
-3. N processes at batch B/N each under torch's DistributedDataParallel over gloo (started with
-   torch.multiprocessing on 127.0.0.1), the same scaled lr, ``steps`` steps: rank r takes slice r
-   of run 2's batch, and DDP averages the gradients.
-
-What runs distributed, what is vectorised: run 3 really is N processes whose gradients DDP
-all-reduces. The ``--n_experiments`` independent repetitions are not N·experiments processes:
-every process holds a vector of n_experiments neurons, w[e], and the loss is the sum over
-experiments of each one's mean squared error, so each w[e] gets exactly its own experiment's
-gradient (and DDP averages each over ranks). Runs 1 and 2 are one process each, vectorised the same way.
-
-Theory (what the printed lines should show). Per sample the gradient is g = 2x(wx - y), with
-variance 4w²(4s² + 2s⁴) + 4(1 + s²)s² (x and y independent normals); an SGD step at lr and
-batch b moves w by -lr·mean(g), whose variance is lr²·Var(g)/b. So, at the same w:
-
-* runs 2 and 3 take identical steps (same samples, DDP's average of N slice means is the mean of B);
-* deterministic (s = 0): run 1 ends at (1 - 2·lr)^(N·steps), runs 2/3 at (1 - 2·f·lr)^steps: linear
-  scaling (f = N) matches run 1 to first order in lr;
-* the variance of one update in run 3 over run 1 is f²/N: none 1/N, **linear N** (more noise per
-  step), **sqrt 1** (the same noise per step, but then w moves less per sample than in run 1).
-
-"update step variance" is the variance over experiments of one step's change of w,
-averaged over the steps of the run; "theory" evaluates lr²·Var(g)/b at each step's mean w.
-Float64 throughout, so the variances are not rounding noise.
+Three runs on the same samples: 1. one process at batch B/N with ``--lr``, N·steps steps; 2. one process at
+batch B with the lr scaled by ``--lr_scaling``; 3. N processes at B/N under DistributedDataParallel, the
+same scaled lr. Runs 2 and 3 take identical steps; the variance of one update in run 3 over run 1 is f²/N.
+The model, the vectorised repetitions and the theory: docs/large_batch.md, "Experiment 1".
 """
 
 import argparse
@@ -201,7 +175,7 @@ class RunResult:
 
 
 def run(cfg: SandboxConfig, distributed: bool = True) -> List[RunResult]:
-    """Runs 1, 2 and (if ``distributed``) 3 of the module docstring."""
+    """Runs 1, 2 and (if ``distributed``) 3 of the module docstring (docs/large_batch.md, "Experiment 1")."""
     cfg.check()
     n = cfg.world_size
     b, big = cfg.per_process, cfg.batch_size
