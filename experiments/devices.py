@@ -4,25 +4,11 @@
     python -m experiments.devices --devices 1,8,64 --rules none,linear --seeds 42 --epochs 2
     python -m experiments.devices --report_only                    # redraw table and plots from runs/devices
 
-Every run is one process standing for N devices at the per-device batch (``--virtual_devices N``: the
-N ranks' batches in rank order, each rank's shard normalised by batch-norm on its own, the LR rule
-counting them; proven equal to N ddp ranks in tests/test_virtual_devices.py), so one machine can stand
-for 64 devices; what it does not emulate is in docs/large_batch.md. N devices at batch B train on
-an effective batch of N×B and take 1/N of the optimizer steps per epoch.
-
-Rules (the optimizer and how its learning rate follows the effective batch):
-
-* ``none``, ``linear``, ``sqrt``: SGD with momentum 0.9, ``--lr`` known to work on one device,
-  scaled ×1, ×N or ×√N;
-* ``warmup``: linear, reached by a linear warm-up over ``--warmup_epochs`` (Goyal et al. warm up for 5
-  of 90 epochs; here the fraction of the budget that fits);
-* ``lars``: LARS (torch-optimizer), linear scaling of ``--lars_lr``; ``lamb``: LAMB, sqrt scaling of
-  ``--lamb_lr``; ``novograd`` (not in the default grid): NovoGrad, sqrt scaling of ``--novograd_lr``.
-
-Model selection stays honest: validation is on ``--val_size`` training images held out (stratified),
-never on the test split; the table reports the last epoch (and the best one, on those held-out images):
-median and range over the seeds. Writes into ``--out_dir``: ``devices.md`` (table), ``devices_runs.csv`` (every run), ``devices.csv`` (the
-table), ``devices.png`` (final val acc against N, one line per rule; and against optimizer steps).
+Every run is one process standing for N devices at the per-device batch (``--virtual_devices N``), so N devices
+get 1/N of the optimizer steps of the budget. Writes into ``--out_dir``: ``devices.md`` (table),
+``devices.csv`` (the table), ``devices_runs.csv`` (every run), ``devices.png`` (final val acc against N, one line
+per rule; and against optimizer steps). The rules, the budget and the results: docs/large_batch.md,
+"Experiment 3".
 """
 
 import argparse

@@ -1,35 +1,14 @@
 """Experiment 2, the DLI workshop's takeaways table, on a batch-normalised conv net.
 
-    python -m experiments.takeaways                  # the rows below x 3 seeds (about 31 min on 2 cores)
+    python -m experiments.takeaways                  # every row x 3 seeds (about 31 min on 2 cores)
     python -m experiments.takeaways --seeds 42 --only sgd_momentum,large_batch_warmup --epochs 2
     python -m experiments.takeaways --report_only    # redraw table and plot from runs/takeaways
 
-Each row is the real ``train.py`` with a recipe from configs/recipes stacked with the budget's
-flags (experiments/runner.py): ``--network``, ``--epochs``, held-out validation, a seed. The
-workshop ran 4 GPUs; each row here is one process standing for ``--devices`` (4) devices
-(``--virtual_devices``: their batches side by side, batch-norm per device's shard, the LR rule
-counting them; proven equal to real ranks in tests/test_virtual_devices.py), or, with ``--ddp``,
-that many real gloo processes. The workshop's runs, in its order:
-
-* ``sgd``: 32 images per device, lr 0.01, no momentum;
-* ``sgd_momentum``: the same with momentum 0.9;
-* ``large_batch_no_warmup``: 128 per device, lr 0.08 from the first step;
-* ``large_batch_warmup``: 128 per device, lr 0.01 known at batch 64 scaled linearly to the same
-  0.08 at 4 × 128, reached by a linear warm-up over half the epochs (the recipe's 5 of 10);
-* ``novograd``: 128 per device, NovoGrad at lr 0.08;
-
-and the two large-batch rows again at ``--scale_devices`` (40: 5,120 images per step, where the
-workshop's rule, lr 0.01 @ 64 scaled linearly, reaches 0.8, the lr at which experiment 3 saw SGD
-diverge), ``large_batch_no_warmup_x40`` and ``large_batch_warmup_x40``, identical but for the warm-up:
-on this network 4 × 128 at 0.08 is far from breaking (docs/large_batch.md has the rows at 64 devices
-too, lr 1.28, where warm-up does not save the run).
-
-Model selection stays honest: validation is on ``--val_size`` training images held out
-(stratified), never on the test split; the table reports the last epoch's val acc and the best
-one on those images, median and range over ``--seeds``. Writes into ``--out_dir``: ``takeaways.md``
-(the table and the verdict rules), ``takeaways.csv`` (one line per row), ``takeaways_runs.csv``
-(one per run), ``takeaways.png`` (val acc against epoch, every run) and ``runs/<run>/`` (each run's
-command, output, TensorBoard logs and metrics.csv).
+Each row is ``train.py`` with a recipe from configs/recipes on the budget's flags (experiments/runner.py), one
+process standing for ``--devices`` (4) virtual devices or, with ``--ddp``, that many gloo processes; the two
+large-batch rows run again at ``--scale_devices`` (40). Writes into ``--out_dir``: ``takeaways.md`` (table and
+verdict rules), ``takeaways.csv`` (one line per row), ``takeaways_runs.csv`` (one per run), ``takeaways.png``
+and ``runs/<run>/``. The rows, the budget and the results: docs/large_batch.md, "Experiment 2".
 """
 
 import argparse
@@ -64,7 +43,7 @@ COLUMNS = ["config", "devices × batch = effective", "LR (base → scaled, rule)
 
 
 def rows(budget: Budget, scale: int) -> List[tuple]:
-    """(row name, recipe, devices or None for ``--devices``, extra flags) of the module docstring."""
+    """(row name, recipe, devices or None for ``--devices``, extra flags): docs/large_batch.md, Experiment 2."""
     half = f"{budget.epochs / 2:g}"
     return [
         ("sgd", "sgd", None, []),
