@@ -1,32 +1,9 @@
 """Run train.py as a user would and read back what it recorded: the harness of experiments 2 and 3.
 
-Every run is a subprocess of the real ``train.py`` in a folder of its own (so its ``runs/``,
-TensorBoard logs and checkpoints land there and runs never collide). What is reported is
-read from the run's own records, never recomputed:
-
-* ``runs/<run name>/version_0/metrics.csv``: each epoch's cumulative training seconds, images/sec, val acc and
-  val loss (callbacks/run_record.py reads them);
-* ``runs/<run name>/version_0/hparams.yaml``: the derived numbers of the start block (effective
-  batch, scaled lr, warm-up steps, optimizer, world size);
-* the exit code (70: training diverged). Nothing is read from stdout.
-
-Ranks: ``devices`` processes per run. Up to ``max_ranks_per_node`` (default: the most ``--devices``
-accepts on CPU, 8 per core, fashion_mnist_dp/cli/checks.py) they are one ``train.py --strategy ddp --devices N``
-(Lightning starts the ranks). Beyond it, the run is split into k "nodes" on 127.0.0.1, each one
-``torchrun --nnodes k --node_rank i`` of ``train.py --devices N/k --num_nodes k``. More processes
-than cores share the cores: time figures then measure contention, not scaling. Every process
-runs with ``OMP_NUM_THREADS=1`` (``--threads``): one process stands for one device, one core
-(Lightning gives ddp ranks cores // ranks threads anyway; a lone process would otherwise take
-2 threads, which on this loaded 2-core machine trained the mlp at 560-940 images/sec against
-6,000-6,800 with 1 thread).
-
-Verdicts (``verdict``), stated so a table can be read without this file:
-
-* diverged: exit code 70 (fashion_mnist_dp/runtime/divergence.py: non-finite loss, gradient or weights, or val acc at
-  chance an epoch after warm-up), or a non-finite val loss or val acc in the record;
-* degraded: best val acc more than ``margin`` (default 0.02) below the best run of the same table;
-* converged: otherwise (within ``margin`` of the best run at this budget: not "trained to the end");
-* failed (exit N): any other non-zero exit; the harness prints that run's stderr tail.
+Every run is a subprocess of the real ``train.py`` in a folder of its own (``<out_dir>/runs/<run>``), as one
+train.py (ddp) or as torchrun "nodes" on 127.0.0.1, one thread per process. What is reported is read from the run's
+own records (metrics.csv, hparams.yaml, the exit code), never from its output. How runs are placed, the records
+and the verdict rules: docs/large_batch.md, "How experiments 2 and 3 run".
 """
 
 import csv
@@ -139,7 +116,7 @@ class RunResult:
 
 
 def verdict(result: RunResult, best_of_table: Optional[float], margin: float = 0.02) -> str:
-    """The rules of the module docstring."""
+    """docs/large_batch.md's verdict rules (diverged, failed, degraded, converged)."""
     if result.returncode == DIVERGED_EXIT or result.non_finite:
         return "diverged"
     if result.returncode != 0:
