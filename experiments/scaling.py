@@ -3,22 +3,11 @@
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m experiments.scaling [--runs 5] [--network cnn]
     .venv/bin/python -m experiments.scaling --workshop     # the DLI workshop's 4 GPUs, on paper (docs/scaling.md)
 
-The model (Li et al., VLDB 2020; Thakur, Rabenseifner and Gropp 2005; ../shared/docs/features-anchors.md), per
-step of one rank at a fixed per-device batch:
-
-    T(n) = (data + forward + backward + optimizer + other) · s(n) + exposed(n) + wait(n)
-
-* the parts come from a one-rank run's own step-time breakdown (metrics.csv, callbacks/step_time.py);
-* exposed(n): the ring all-reduce of the gradient bytes S in k buckets, T_comm = k·2(n−1)·α + 2(n−1)/n·S/B, less
-  what backward hides (all but the last bucket can overlap the backward still to run), at least the last bucket's;
-  α and B come from an all-reduce sweep of message sizes over 2 gloo processes;
-* wait(n): the expected lead of the slowest of n ranks, σ·E[max of n standard normals] (0.56σ for 2, 2.3σ for
-  64), σ the one rank's spread of step times;
-* s(n): how much n busy processes slow each other on this machine with no communication at all (n independent
-  one-thread loops against one, benchmarks.speed.concurrent_bare_loops); 1 on a machine with a device per rank.
-
-No prediction for n ranks uses a training run of n ranks. The command prints the table, writes
-docs/figures/scaling.csv and scaling.png (predicted against measured), and the figures go to docs/scaling.md.
+T(n) = busy parts · s(n) + exposed all-reduce + wait of the slowest rank, each term from one rank's step-time
+breakdown, an all-reduce sweep over 2 gloo processes and a contention measurement (Li et al., VLDB 2020; Thakur,
+Rabenseifner and Gropp 2005; ../shared/docs/features-anchors.md); no prediction for n ranks uses a run of n ranks.
+The model term by term: docs/scaling.md, "The model". Prints the table and writes docs/figures/scaling.csv and
+scaling.png (predicted against measured).
 """
 
 import argparse
