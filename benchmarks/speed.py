@@ -243,8 +243,7 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
 def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
     """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record.
 
-    No validation: it is not in the images/sec, and ``--trainer.limit_val_batches 1`` would mean all of it
-    (the CLI reads 1 as the float 1.0, i.e. 100 %), which made each repeat about twice as long.
+    No validation (``--trainer.limit_val_batches 0``): it is not in the images/sec.
 
     ``first_step``: also return the first step's seconds (``time/first_step_s``: with compile, the compilation).
     """
