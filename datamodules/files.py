@@ -5,10 +5,11 @@ a message that names neither file nor problem, or trains silently on fewer image
 file's header, size and labels are checked; a problem raises :class:`CorruptDataError` naming the file (exit 65).
 """
 
+import math
 import os
 import struct
 from pathlib import Path
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from torchvision.datasets import FashionMNIST
 
@@ -116,19 +117,12 @@ def read_header(path: Path, ndim: int) -> Tuple[int, ...]:
             f"bad magic number 0x{magic:08x}, expected 0x{expected_magic:08x} (unsigned bytes, {ndim} dimension(s))",
         )
     dims = struct.unpack(f">{ndim}I", header[4:])
-    expected_size = 4 + 4 * ndim + _product(dims)
+    expected_size = 4 + 4 * ndim + math.prod(dims)
     if size != expected_size:
         shape = "×".join(str(d) for d in dims)
         kind = "truncated" if size < expected_size else "has trailing bytes"
         raise _fail(path, f"{kind}: {size} bytes, expected {expected_size} ({4 + 4 * ndim}-byte header + {shape})")
     return dims
-
-
-def _product(values: Iterable[int]) -> int:
-    result = 1
-    for value in values:
-        result *= value
-    return result
 
 
 def check_split(images_path: Path, labels_path: Path) -> int:
