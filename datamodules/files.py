@@ -84,10 +84,7 @@ IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
 GZIP_MAGIC = b"\x1f\x8b"
 # The (images, labels) file pairs torchvision's FashionMNIST reads from FashionMNIST/raw.
-SPLITS = (
-    ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-)
+SPLITS = (RAW_FILES[:2], RAW_FILES[2:])
 REPAIR_HINT = "replace it with a good copy (or delete it and rerun with network to download it again)"
 
 
