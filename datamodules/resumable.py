@@ -56,22 +56,6 @@ class ResumableDistributedSampler(DistributedSampler):
         return itertools.islice(self._ordered(), skip, None)
 
 
-class _Counting(Iterator):
-    """The DataLoader's iterator, updating the loader's position as each batch leaves."""
-
-    def __init__(self, loader: "ResumableLoader", iterator: Iterator) -> None:
-        self.loader = loader
-        self.iterator = iterator
-        self.count = 0
-
-    def __next__(self) -> Any:
-        batch = next(self.iterator)  # the sampler's iteration starts at the first one: read `started` after it
-        self.count += 1
-        epoch, skipped = self.loader.sampler.started
-        self.loader.position = (epoch, skipped // self.loader.batch_size + self.count)
-        return batch
-
-
 class ResumableLoader(DataLoader):
     """A DataLoader over a :class:`ResumableDistributedSampler` whose ``state_dict`` is its position; Lightning saves it
     with every checkpoint and, when it resumes, gives it back to ``load_state_dict`` (see the module docstring)."""
@@ -87,7 +71,14 @@ class ResumableLoader(DataLoader):
 
     def __iter__(self) -> Iterator:
         iterator = super().__iter__()
-        return _Counting(self, iterator) if self.resumable else iterator
+        return self._counted(iterator) if self.resumable else iterator
+
+    def _counted(self, iterator: Iterator) -> Iterator:
+        """The batches, the position updated as each leaves."""
+        for count, batch in enumerate(iterator, 1):  # the sampler's iteration starts at the first: `started` after it
+            epoch, skipped = self.sampler.started
+            self.position = (epoch, skipped // self.batch_size + count)
+            yield batch
 
     def state_dict(self) -> Dict[str, int]:
         if not self.resumable:
