@@ -15,7 +15,7 @@ from torch import nn
 class _GhostBatchNorm:
     """Mixed into ``nn.BatchNorm1d/2d/3d``: the ghost-batch forward in training mode."""
 
-    ghost_batch_size: Optional[int]
+    ghost_batch_size: Optional[int] = None
     ghost_batches: Optional[int] = None  # instead of a size: this many equal parts (virtual devices' shards)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 (torch's name)
@@ -70,21 +70,15 @@ class _GhostBatchNorm:
 
 
 class GhostBatchNorm1d(_GhostBatchNorm, nn.BatchNorm1d):
-    def __init__(self, num_features: int, ghost_batch_size: Optional[int] = None, **kwargs) -> None:
-        super().__init__(num_features, **kwargs)
-        self.ghost_batch_size = ghost_batch_size
+    pass
 
 
 class GhostBatchNorm2d(_GhostBatchNorm, nn.BatchNorm2d):
-    def __init__(self, num_features: int, ghost_batch_size: Optional[int] = None, **kwargs) -> None:
-        super().__init__(num_features, **kwargs)
-        self.ghost_batch_size = ghost_batch_size
+    pass
 
 
 class GhostBatchNorm3d(_GhostBatchNorm, nn.BatchNorm3d):
-    def __init__(self, num_features: int, ghost_batch_size: Optional[int] = None, **kwargs) -> None:
-        super().__init__(num_features, **kwargs)
-        self.ghost_batch_size = ghost_batch_size
+    pass
 
 
 def is_ghost(module: nn.Module) -> bool:
@@ -115,14 +109,13 @@ def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: Optional[int] = No
         like = next((t for t in (*child.parameters(), *child.buffers()) if t.is_floating_point()), None)
         ghost = ghost_class(
             child.num_features,
-            ghost_batch_size,
             eps=child.eps,
             momentum=child.momentum,
             affine=child.affine,
             track_running_stats=child.track_running_stats,
             **({"device": like.device, "dtype": like.dtype} if like is not None else {}),
         )
-        ghost.ghost_batches = ghost_batches
+        ghost.ghost_batch_size, ghost.ghost_batches = ghost_batch_size, ghost_batches
         ghost.load_state_dict(child.state_dict())
         ghost.train(child.training)
         setattr(module, name, ghost)
