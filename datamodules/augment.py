@@ -22,12 +22,6 @@ def augmentation_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-def batch_generator(device: torch.device, seed: int) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed)
-    return generator
-
-
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Each image shifted by its own offset in [-padding, padding] on both axes; uncovered pixels are 0.
 

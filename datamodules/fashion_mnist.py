@@ -12,7 +12,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader
 from torchvision.datasets import FashionMNIST
 
-from datamodules.augment import augmentation_seed, batch_generator, random_crop, random_horizontal_flip, run_seed
+from datamodules.augment import augmentation_seed, random_crop, random_horizontal_flip, run_seed
 from datamodules.files import (check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder,
                                read_header, torchvision_root)
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
@@ -258,7 +258,7 @@ class FashionMNISTDataModule(LightningDataModule):
         """Random crop and flip of one training batch, drawn from a generator seeded by (seed, rank, epoch, batch)."""
         batch_index = trainer.fit_loop.epoch_loop.batch_progress.current.ready
         seed = augmentation_seed(run_seed(), trainer.global_rank, trainer.current_epoch, batch_index)
-        generator = batch_generator(images.device, seed)
+        generator = torch.Generator(device=images.device).manual_seed(seed)
         if self.random_crop_padding:
             images = random_crop(images, self.random_crop_padding, generator)
         if self.horizontal_flip:
