@@ -1,7 +1,6 @@
 """Fashion-MNIST as a LightningDataModule: splits held in memory (on the GPU when training there), distributed
 sampling, and uint8 batches normalised and augmented on the device."""
 
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -95,21 +94,14 @@ class FashionMNISTDataModule(LightningDataModule):
         # worker_init_fn that ends the workers with their rank; JobFaults sets them in its setup hook)
         self.worker_options: Dict[str, Any] = {}
 
-    @property
-    def raw_folder(self) -> Path:
-        return raw_folder(self.data_dir)
-
-    def missing_files(self) -> list:
-        return missing_files(self.data_dir)
-
     def prepare_data(self) -> None:
         """Once per node (local rank 0), before any worker starts: download missing files when allowed, then check
         all four (datamodules/files.py)."""
-        missing = self.missing_files()
+        missing, folder = missing_files(self.data_dir), raw_folder(self.data_dir)
         if missing:
             download_or_raise(self.data_dir, missing, self.download)
-        check_raw_folder(self.raw_folder.resolve())
-        self._check_train_subset(read_header(self.raw_folder / "train-images-idx3-ubyte", 3)[0] - self.val_size)
+        check_raw_folder(folder.resolve())
+        self._check_train_subset(read_header(folder / "train-images-idx3-ubyte", 3)[0] - self.val_size)
 
     def _check_train_subset(self, left: int) -> None:
         """More than ``left`` would silently train on all of them: refused before anything is written."""
@@ -121,10 +113,10 @@ class FashionMNISTDataModule(LightningDataModule):
     def setup(self, stage: str) -> None:
         """Every rank checks the files again (headers and labels: a few KB) and reads them into memory (47 MB)."""
         if self.train_set is None or self.test_set is None:
-            missing = self.missing_files()
+            missing = missing_files(self.data_dir)
             if missing:  # prepare_data ran on another node's file system, or not at all (e.g. validate without fit)
                 download_or_raise(self.data_dir, missing, download=False)
-            check_raw_folder(self.raw_folder.resolve())
+            check_raw_folder(raw_folder(self.data_dir).resolve())
         root = str(torchvision_root(self.data_dir))
         if stage in ("fit", "validate") and self.train_set is None:
             train = FashionMNIST(root, train=True, download=False)

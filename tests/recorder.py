@@ -17,6 +17,7 @@ from pathlib import Path
 from lightning.pytorch import Callback
 
 from datamodules import FashionMNISTDataModule
+from datamodules.files import missing_files, raw_folder
 from datamodules.in_memory import InMemoryImages
 from tests.idx_files import sample_ids
 
@@ -136,7 +137,8 @@ class PrepareDataRecorder(Callback):
                          "node_rank": _env_int("GROUP_RANK", "NODE_RANK")}
             caller = f"lightning:{trainer.state.fn.value}" if trainer is not None else "cli"
             entry = dict(ranks, caller=caller, pid=os.getpid(),
-                         raw_folder=str(datamodule.raw_folder.resolve()), missing=datamodule.missing_files())
+                         raw_folder=str(raw_folder(datamodule.data_dir).resolve()),
+                         missing=missing_files(datamodule.data_dir))
             out = Path(os.environ["SAMPLE_RECORD_DIR"]) / f"prepare_data-rank{ranks['global_rank']}.jsonl"
             with out.open("a") as f:
                 f.write(json.dumps(entry) + "\n")
