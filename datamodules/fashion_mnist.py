@@ -145,13 +145,11 @@ class FashionMNISTDataModule(LightningDataModule):
             return trainer.strategy.root_device
         return torch.device("cpu")
 
-    def _loader(self, dataset: InMemoryImages, batch_size: int, shuffle: bool, sampler=None,
-                loader_class=DataLoader) -> DataLoader:
+    def _loader(self, dataset: InMemoryImages, batch_size: int, sampler=None, loader_class=DataLoader) -> DataLoader:
         workers = self.worker_options if self.num_workers > 0 else {}
         return loader_class(
             dataset,
             batch_size=batch_size,
-            shuffle=shuffle if sampler is None else False,
             sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=already_batched,
@@ -178,8 +176,8 @@ class FashionMNISTDataModule(LightningDataModule):
         virtual = self.virtual_devices
         sampler = ResumableDistributedSampler(self.train_set, num_replicas=world_size * virtual, rank=rank * virtual,
                                               shuffle=True, seed=run_seed(), virtual=virtual, batch=self.batch_size)
-        loader = self._loader(self.train_set, self._process_batch(self.batch_size) * virtual, shuffle=False,
-                              sampler=sampler, loader_class=ResumableLoader)
+        loader = self._loader(self.train_set, self._process_batch(self.batch_size) * virtual, sampler=sampler,
+                              loader_class=ResumableLoader)
         if self._resume_position is not None:
             loader.load_state_dict(self._resume_position)
             self._resume_position = None
@@ -211,7 +209,7 @@ class FashionMNISTDataModule(LightningDataModule):
         world_size, rank = self._world()
         if world_size > 1:
             sampler = UnrepeatedDistributedSampler(split, num_replicas=world_size, rank=rank, shuffle=False)
-        return self._loader(split, self._process_batch(self.eval_batch_size), shuffle=False, sampler=sampler)
+        return self._loader(split, self._process_batch(self.eval_batch_size), sampler=sampler)
 
     @property
     def validates_on_test_split(self) -> bool:

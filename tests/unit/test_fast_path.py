@@ -108,7 +108,7 @@ def test_gpu_splits_live_in_gpu_memory_and_batches_are_gathered_there(fashion_ro
     data.setup("fit")
     images, targets = data.train_set.__getitems__([0, 5, 3])
     assert images.is_cuda and targets.is_cuda
-    assert data._loader(data.train_set, 4, shuffle=False).pin_memory is False
+    assert data._loader(data.train_set, 4).pin_memory is False
 
 
 def test_channels_last_keeps_the_outputs_and_stores_weights_nhwc():
