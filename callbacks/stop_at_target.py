@@ -13,26 +13,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from callbacks.throughput import ThroughputReport
 
 
-class TargetStreak:
-    """Counts consecutive epochs at or above ``target``; ``update`` says whether ``patience`` is reached."""
-
-    def __init__(self, target: float, patience: int) -> None:
-        self.target = target
-        self.patience = patience
-        self.streak = 0
-
-    def update(self, accuracy: float) -> bool:
-        self.streak = self.streak + 1 if accuracy >= self.target else 0
-        return self.streak >= self.patience
-
-
-def format_stop_line(epoch: int, accuracy: float, target: float, patience: int, cumulative_s: float) -> str:
-    return (
-        f"Target reached: val/acc >= {target:g} for {patience} consecutive epoch(s); stopping after epoch {epoch} "
-        f"(Val Acc = {accuracy:.3f}, Cumulative Time = {cumulative_s:.3f})"
-    )
-
-
 class StopAtTarget(Callback):
     """Stops after ``patience`` consecutive validated epochs with ``monitor`` >= ``target_accuracy``; rank 0 prints
     one line. Epochs without validation neither count nor break the streak; the streak is checkpointed.
@@ -47,7 +27,7 @@ class StopAtTarget(Callback):
         self.target_accuracy = target_accuracy
         self.patience = patience
         self.monitor = monitor
-        self.streak = TargetStreak(target_accuracy if target_accuracy is not None else 1.0, patience)
+        self.streak = 0  # consecutive validated epochs at or above the target
         self._validated = False
         self._report: Optional[ThroughputReport] = None
 
@@ -64,19 +44,20 @@ class StopAtTarget(Callback):
         accuracy = trainer.callback_metrics.get(self.monitor)
         if self.target_accuracy is None or not validated or accuracy is None:
             return
+        accuracy = float(accuracy)
+        self.streak = self.streak + 1 if accuracy >= self.target_accuracy else 0
         # val/acc is already synced over ranks (torchmetrics), so every rank takes the same decision;
         # reduce it anyway, as EarlyStopping does, so that no rank can stop alone.
-        reached = trainer.strategy.reduce_boolean_decision(self.streak.update(float(accuracy)), all=False)
-        if not reached:
+        if not trainer.strategy.reduce_boolean_decision(self.streak >= self.patience, all=False):
             return
         trainer.should_stop = True
         if trainer.is_global_zero:
-            line = format_stop_line(trainer.current_epoch + 1, float(accuracy), self.target_accuracy, self.patience,
-                                    self._report.cumulative_s)
-            print(line, flush=True)
+            print(f"Target reached: val/acc >= {self.target_accuracy:g} for {self.patience} consecutive epoch(s); "
+                  f"stopping after epoch {trainer.current_epoch + 1} (Val Acc = {accuracy:.3f}, Cumulative Time = "
+                  f"{self._report.cumulative_s:.3f})", flush=True)
 
     def state_dict(self) -> dict:
-        return {"streak": self.streak.streak}
+        return {"streak": self.streak}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self.streak.streak = state_dict.get("streak", 0)
+        self.streak = state_dict.get("streak", 0)
