@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from callbacks.throughput import log_to_loggers
+from callbacks.throughput import gather_rows, log_to_loggers
 from lightning_modules.optim import local_shard
 
 
@@ -47,24 +47,16 @@ class PeakMemory(Callback):
     def __init__(self) -> None:
         self._state_reported = False
 
-    def _report_model_state(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        device = trainer.strategy.root_device
-        mine = torch.tensor(model_state_mb(pl_module, trainer.optimizers), dtype=torch.float64, device=device)
-        per_rank = trainer.strategy.all_gather(mine).reshape(-1, 2)
-        params_mb, optimizer_mb = per_rank.max(dim=0).values.tolist()
-        rank_zero_info(
-            f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} MiB "
-            f"(largest of {per_rank.shape[0]} rank(s))"
-        )
-        log_to_loggers(trainer, {"memory/parameters_mb": params_mb, "memory/optimizer_state_mb": optimizer_mb})
-        self._state_reported = True
-
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._state_reported:
-            self._report_model_state(trainer, pl_module)
-        device = trainer.strategy.root_device
-        mine = torch.tensor([peak_memory_mb(device)], dtype=torch.float64, device=device)
-        per_rank = trainer.strategy.all_gather(mine).reshape(-1).cpu().tolist()
-        metrics = {"memory/peak_mb": max(per_rank)}
-        metrics.update({f"memory/peak_mb_rank{rank}": value for rank, value in enumerate(per_rank)})
-        log_to_loggers(trainer, metrics)
+            rows = gather_rows(trainer, model_state_mb(pl_module, trainer.optimizers))
+            params_mb, optimizer_mb = map(max, zip(*rows))
+            rank_zero_info(
+                f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} MiB "
+                f"(largest of {len(rows)} rank(s))"
+            )
+            log_to_loggers(trainer, {"memory/parameters_mb": params_mb, "memory/optimizer_state_mb": optimizer_mb})
+            self._state_reported = True
+        per_rank = [row[0] for row in gather_rows(trainer, [peak_memory_mb(trainer.strategy.root_device)])]
+        log_to_loggers(trainer, {"memory/peak_mb": max(per_rank),
+                                 **{f"memory/peak_mb_rank{rank}": value for rank, value in enumerate(per_rank)}})

@@ -127,6 +127,12 @@ def log_to_loggers(trainer: Trainer, metrics: dict, step: Optional[int] = None) 
             logger.log_metrics(metrics, step=max(trainer.global_step - 1 if step is None else step, 0))
 
 
+def gather_rows(trainer: Trainer, values: List[float]) -> List[List[float]]:
+    """Every rank's ``values`` (the same length on each), one row per rank: one collective, one host read."""
+    local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
+    return trainer.strategy.all_gather(local).reshape(-1, len(values)).tolist()
+
+
 class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
@@ -219,7 +225,7 @@ class ThroughputReport(Callback):
         if steps is not None:
             local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans),
                       steps.step_std_s, len(windows)]
-        rows = self._gather(trainer, local)
+        rows = gather_rows(trainer, local)
         result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
         self.cumulative_s += result.epoch_s
@@ -245,12 +251,6 @@ class ThroughputReport(Callback):
                 else:
                     print(text, flush=True)
 
-    @staticmethod
-    def _gather(trainer: Trainer, values: List[float]) -> List[List[float]]:
-        """Every rank's ``values`` (the same length on each), one row per rank: one collective."""
-        local = torch.tensor(values, dtype=torch.float64, device=trainer.strategy.root_device)
-        return trainer.strategy.all_gather(local).reshape(-1, len(values)).tolist()
-
     def _breakdown(self, trainer: Trainer, rows: List[List[float]], mine: step_time.RankEpoch,
                    windows: Dict[int, list]):
         """The ranks' parts from the gathered rows; each rank's per-step marks (to split comm from wait) and ``windows``'
@@ -263,7 +263,7 @@ class ThroughputReport(Callback):
         pad = [math.nan] * (synced - len(mine.spans)) if len(rows) > 1 else []
         unused = [math.nan] * ((len(step_time.PARTS) + 1) * (most - len(windows)))
         mine_row = mine.arrivals + pad + mine.spans + pad + sums + unused
-        gathered = self._gather(trainer, mine_row) if len(rows) > 1 else [mine_row]
+        gathered = gather_rows(trainer, mine_row) if len(rows) > 1 else [mine_row]
         steps = len(mine.arrivals + pad)
         for epoch, row in zip(epochs, gathered):
             epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
