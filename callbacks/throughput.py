@@ -83,29 +83,19 @@ class EpochClock:
         return self.timing
 
 
-@dataclass
-class GlobalThroughput:
-    images_per_sec: float
-    images_per_sec_per_device: float
-    epoch_s: float
-    data_wait_s: float
-    compute_s: float
-
-
-def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1) -> GlobalThroughput:
-    """All ranks' images over the slowest rank's time; data-wait and compute are rank means. ``devices_per_rank``:
+def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1, cumulative_s: float = 0.0) -> Dict[str, float]:
+    """The epoch's columns of the record: all ranks' images over the slowest rank's time, which adds to
+    ``cumulative_s`` (the training time before this epoch); data-wait and compute are rank means. ``devices_per_rank``:
     GPUs one process drives (dp); the per-device rate divides by every device."""
     n = len(timings)
-    images = sum(t.images for t in timings)
     seconds = max(t.seconds for t in timings)
-    rate = images / seconds if seconds > 0 else 0.0
-    return GlobalThroughput(
-        images_per_sec=rate,
-        images_per_sec_per_device=rate / (n * devices_per_rank),
-        epoch_s=seconds,
-        data_wait_s=sum(t.data_wait_s for t in timings) / n,
-        compute_s=sum(t.compute_s for t in timings) / n,
-    )
+    rate = sum(t.images for t in timings) / seconds if seconds > 0 else 0.0
+    return {"throughput/images_per_sec": rate,
+            "throughput/images_per_sec_per_device": rate / (n * devices_per_rank),
+            "time/epoch_s": seconds,
+            "time/cumulative_s": cumulative_s + seconds,
+            "time/data_wait_s": sum(t.data_wait_s for t in timings) / n,
+            "time/compute_s": sum(t.compute_s for t in timings) / n}
 
 
 def format_epoch_line(record: EpochRecord) -> str:
@@ -226,22 +216,16 @@ class ThroughputReport(Callback):
             local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans),
                       steps.step_std_s, len(windows)]
         rows = gather_rows(trainer, local)
-        result = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
-                               devices_per_rank=getattr(trainer.strategy, "devices_per_process", 1))
-        self.cumulative_s += result.epoch_s
+        figures = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
+                                getattr(trainer.strategy, "devices_per_process", 1), self.cumulative_s)
+        self.cumulative_s = figures["time/cumulative_s"]
         breakdown = self._breakdown(trainer, rows, steps, windows) if steps is not None else None
         log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
-            "epoch": trainer.current_epoch,
-            "throughput/images_per_sec": result.images_per_sec,
-            "throughput/images_per_sec_per_device": result.images_per_sec_per_device,
-            "time/epoch_s": result.epoch_s,
-            "time/cumulative_s": self.cumulative_s,
-            "time/data_wait_s": result.data_wait_s,
-            "time/compute_s": result.compute_s,
-        })
+                                 "epoch": trainer.current_epoch, **figures})
         validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
         logged = trainer.callback_metrics if validated else {}
-        line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s, result.images_per_sec,
+        line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s,
+                                             figures["throughput/images_per_sec"],
                                              logged.get("val/loss"), logged.get("val/acc")))
         if trainer.is_global_zero:
             bar = trainer.progress_bar_callback

@@ -55,12 +55,13 @@ def test_epoch_ending_while_paused_stops_the_clock_at_the_pause():
 def test_global_rate_is_all_images_over_the_slowest_rank_not_rank0_times_world():
     fast = EpochTiming(images=1000, seconds=1.0, data_wait_s=0.1, compute_s=0.9)
     slow = EpochTiming(images=1000, seconds=2.0, data_wait_s=0.5, compute_s=1.5)
-    result = combine_ranks([fast, slow])
-    assert result.images_per_sec == pytest.approx(1000.0)  # 2000 images / 2 s; rank0 x 2 would say 2000
-    assert result.images_per_sec_per_device == pytest.approx(500.0)
-    assert result.epoch_s == pytest.approx(2.0)
-    assert result.data_wait_s == pytest.approx(0.3)
-    assert result.compute_s == pytest.approx(1.2)
+    result = combine_ranks([fast, slow], cumulative_s=10.0)
+    assert result["throughput/images_per_sec"] == pytest.approx(1000.0)  # 2000 images / 2 s; rank0 x 2 would say 2000
+    assert result["throughput/images_per_sec_per_device"] == pytest.approx(500.0)
+    assert result["time/epoch_s"] == pytest.approx(2.0)
+    assert result["time/cumulative_s"] == pytest.approx(12.0)
+    assert result["time/data_wait_s"] == pytest.approx(0.3)
+    assert result["time/compute_s"] == pytest.approx(1.2)
 
 
 def test_epoch_line_matches_the_workshop_format():
