@@ -52,13 +52,6 @@ class WeightEMA(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._live = None
 
-    def _live_weights(self, pl_module: LightningModule) -> Dict[str, torch.Tensor]:
-        """The training step's view of the weights, without walking the module tree every step (loading a
-        checkpoint copies into these same tensors)."""
-        if self._live is None:
-            self._live = self._weights(pl_module)
-        return self._live
-
     @staticmethod
     def _weights(pl_module: LightningModule) -> Dict[str, torch.Tensor]:
         """The module's floating-point state, as tensors that share storage with it."""
@@ -71,7 +64,9 @@ class WeightEMA(Callback):
         if step == self._last_step or step < max(1, self.start_step) or step % self.every_n_steps:
             return
         self._last_step = step
-        live = self._live_weights(pl_module)
+        if self._live is None:  # not walking the module tree every step (a checkpoint loads into these same tensors)
+            self._live = self._weights(pl_module)
+        live = self._live
         if self._average is None or self.updates == 0:
             self._average = {k: v.detach().clone() for k, v in live.items()}
         else:
