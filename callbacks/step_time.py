@@ -1,16 +1,7 @@
-"""Where a data-parallel step's time goes, per rank: ``data`` (waiting for the batch), ``forward``, ``backward`` (up to
-this rank's last gradient), ``comm`` (gradient all-reduce not hidden behind backward), ``wait`` (for the slowest
-rank), ``optimizer``, and ``other`` (what no part claims). The parts add up to the rank's training time.
-
-Marks are taken at Lightning's hooks, in a DDP communication hook that wraps the run's own (or DDP's allreduce) and
-around fsdp's collectives (callbacks/step_marks.py). After a rank's last gradient is ready (``arrival``: the last
-bucket reaches the hook) its backward returns once the all-reduce is done: that span is wait + transfer; under fsdp
-the span is its collectives' time. Where the ranks share a clock (one host, CPU) and each has one arrival (ddp),
-wait = the latest rank's arrival − this rank's, per step; otherwise the transfer is estimated as the shortest rank's
-span (said so in the record). The ranks' per-step marks travel once per epoch, in the epoch-end gather the throughput
-report makes anyway: no collective per step. ThroughputReport owns it (one record); docs/reporting.md lists what it
-writes.
-"""
+"""Where a data-parallel step's time goes, per rank (data, forward, backward, comm, wait, optimizer, other: they add
+up to the rank's training time): the arithmetic over the marks callbacks/step_marks.py takes, the ranks' split of
+wait, the epoch's and each window's figures. ThroughputReport owns it (one record, one epoch-end gather);
+docs/reporting.md, "Where the step time goes", defines each part, how wait is split and every column written."""
 
 import math
 import statistics
