@@ -81,8 +81,8 @@ def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
         return []
 
 
-def _number(text: Optional[str]) -> Optional[float]:
-    return float(text) if text not in (None, "") else None
+def _numbers(row: Dict[str, str]) -> Dict[str, float]:
+    return {key: float(text) for key, text in row.items() if text not in (None, "")}
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,7 @@ def read_epochs(run_dir: Union[str, Path]) -> List[EpochRecord]:
     for row in read_rows(Path(run_dir) / FILE_NAME):
         if row.get("epoch") in (None, ""):
             continue
-        values = merged.setdefault(int(float(row["epoch"])), {})
-        values.update({key: number for key, text in row.items() if (number := _number(text)) is not None})
+        merged.setdefault(int(float(row["epoch"])), {}).update(_numbers(row))
     records = []
     for epoch, values in sorted(merged.items()):
         if "time/cumulative_s" in values or "val/acc" in values or "train/diverged" in values:
@@ -119,7 +118,7 @@ def read_latest(run_dir: Union[str, Path]) -> Dict[str, float]:
     ``memory/parameters_mb``...); {} when there is no record."""
     found: Dict[str, float] = {}
     for row in read_rows(Path(run_dir) / FILE_NAME):
-        found.update({key: number for key, text in row.items() if (number := _number(text)) is not None})
+        found.update(_numbers(row))
     return found
 
 
