@@ -79,8 +79,8 @@ class StepTimer:
     """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and :meth:`wrap`'s comm hook, on
     a clock above, read once it is past them: on a GPU a step or more later."""
 
-    def __init__(self, clock: Optional[HostClock] = None) -> None:
-        self.clock = clock if clock is not None else HostClock()
+    def __init__(self, clock: HostClock) -> None:
+        self.clock = clock
         self.marks: List[StepMarks] = []
         self._pending: List[dict] = []  # batches ended, their marks not read yet, oldest first
         self._last_end = None
