@@ -18,6 +18,7 @@ from fashion_mnist_dp.runtime.errors import CheckpointRefused
 
 MODEL = "model"
 INTERNAL_KEYS = ("_instantiator",)  # LightningCLI's own entry in the stored hyperparameters
+SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}  # model.optimizer.init_args.lr -> --lr
 
 
 def given_keys(args: Sequence[str]) -> Set[str]:
@@ -85,9 +86,6 @@ def reapply_given(merged, user, given: Set[str]) -> List[str]:
         merged[key] = user[key]
         applied.append(key)
     return applied
-
-
-SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}
 
 
 def differences(applied: Sequence[str], user, stored: Dict[str, Any]) -> List[str]:
