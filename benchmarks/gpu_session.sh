@@ -5,11 +5,12 @@
 #   echo /.gpu/ >> .git/info/exclude && mkdir -p .gpu/whl .gpu/data/FashionMNIST/raw
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux2014_x86_64 -d .gpu/whl jsonargparse==4.53.0 docstring_parser==0.18.0 \
-#       typeshed_client==2.15.0 torch-optimizer==0.3.0 pytorch-ranger==0.1.1
+#       typeshed_client==2.15.0 torch-optimizer==0.3.0 pytorch-ranger==0.1.1 HolisticTraceAnalysis==0.5.0 plotly==7.1.0
 #   for f in ../shared/data/FashionMNIST/raw/*; do gzip -c $f > .gpu/data/FashionMNIST/raw/$(basename $f).gz; done
 #
-# then run with carry [".gpu"], one stage per call (each ends well inside the 10-minute limit on an H100):
+# then run with carry [".gpu"], one or more stages per call (a call must end inside the device's 10-minute limit):
 #   bash benchmarks/gpu_session.sh tests     # the GPU-only tests: sync-free step (breakdown on), CudaEvents, dp, fast path
+#   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
 # Everything it prints is also written under $OUT. The figures go to docs/reporting.md and docs/benchmarks.md with
@@ -23,11 +24,18 @@ for f in .gpu/data/FashionMNIST/raw/*.gz; do gunzip -c "$f" > $data/FashionMNIST
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FASHION_MNIST_DIR=$data
 { nvidia-smi -L; python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
     | tee "$out/machine.txt"
-case "${1:-tests}" in
-    tests) python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py tests/unit/test_step_time.py \
-               tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
-    cost) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs 10 2>&1 | tee "$out/cost-fp32.txt" ;;
-    cost16) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs 10 --precision bf16-mixed 2>&1 \
-                | tee "$out/cost-bf16.txt" ;;
-    *) echo "gpu_session.sh: unknown stage ${1}: give tests, cost or cost16" >&2; exit 2 ;;
-esac
+for stage in "${@:-tests}"; do
+    case "$stage" in
+        tests) python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py tests/unit/test_step_time.py \
+                   tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
+        trace) for precision in 32-true bf16-mixed; do
+                   python3 -m benchmarks.gpu_trace --precision $precision 2>&1 | grep -v "^Parsed\|^leaving\|INFO" \
+                       | tee -a "$out/trace.txt"
+               done ;;
+        cost) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" 2>&1 \
+                  | tee "$out/cost-fp32.txt" ;;
+        cost16) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" \
+                    --precision bf16-mixed 2>&1 | tee "$out/cost-bf16.txt" ;;
+        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, trace, cost or cost16" >&2; exit 2 ;;
+    esac
+done
