@@ -4,8 +4,8 @@ epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.step_time_cost [--pairs 10] [--devices 2]
     ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
-Off is configs/default.yaml with ``callbacks.ThroughputReport``'s ``breakdown: false`` (a copy written to a scratch
-folder); everything else is the same command.
+On and off are configs/default.yaml with ``callbacks.ThroughputReport``'s ``breakdown`` true and false (copies written
+to a scratch folder: its default, null, is off on a GPU); everything else is the same command.
 """
 
 import argparse
@@ -21,12 +21,12 @@ from benchmarks import launch
 from benchmarks.launch import REPO
 
 
-def config_without_breakdown(folder: Path) -> Path:
+def config_with_breakdown(folder: Path, on: bool) -> Path:
     config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
     for callback in config["trainer"]["callbacks"]:
         if callback["class_path"] == "callbacks.ThroughputReport":
-            callback.setdefault("init_args", {})["breakdown"] = False
-    path = folder / "breakdown_off.yaml"
+            callback.setdefault("init_args", {})["breakdown"] = on
+    path = folder / f"breakdown_{'on' if on else 'off'}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -51,10 +51,9 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as folder:
-        off_config = ["--config", str(config_without_breakdown(Path(folder)))]
+        order = [(name, ["--config", str(config_with_breakdown(Path(folder), name == "on"))]) for name in ("on", "off")]
         ratios, on, off = [], [], []
         for pair in range(args.pairs):  # on first in even pairs, off first in odd ones
-            order = [("on", []), ("off", off_config)]
             results = dict((name, rate(args, extra)) for name, extra in (order if pair % 2 == 0 else order[::-1]))
             on.append(results["on"])
             off.append(results["off"])

@@ -127,9 +127,11 @@ class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
-    def __init__(self, breakdown: bool = True, check_every_n_steps: int = 50) -> None:
-        """``breakdown``: the per-rank step-time breakdown (CPU and CUDA ranks), per epoch and per window of
-        ``check_every_n_steps`` optimizer steps, the ranks' decision points (linked from ``--check_every_n_steps``)."""
+    def __init__(self, breakdown: Optional[bool] = None, check_every_n_steps: int = 50) -> None:
+        """``breakdown``: the per-rank step-time breakdown, per epoch and per window of ``check_every_n_steps``
+        optimizer steps, the ranks' decision points (linked from ``--check_every_n_steps``). None: on CPU ranks, where
+        it costs nothing measurable, off on CUDA ranks, where it cost a small CNN 10-13 % of its images/sec
+        (docs/benchmarks.md); True: on both."""
         self.breakdown = breakdown
         self.every = check_every_n_steps
         self.timer: Optional[StepTimer] = None  # set at setup when the breakdown runs
@@ -145,7 +147,8 @@ class ThroughputReport(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         device = trainer.strategy.root_device.type
-        if stage == "fit" and self.breakdown and device in ("cpu", "cuda"):
+        wanted = self.breakdown if self.breakdown is not None else device == "cpu"
+        if stage == "fit" and wanted and device in ("cpu", "cuda"):
             self.timer = StepTimer(HostClock() if device == "cpu" else CudaEvents())
             step_marks.time_before_setup(self.timer, trainer.strategy)
 

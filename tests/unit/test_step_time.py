@@ -226,13 +226,24 @@ def test_on_cuda_the_timed_hook_wraps_the_users_and_takes_its_place_before_light
     calls = []
     strategy = DDPStrategy(parallel_devices=[torch.device("cuda", 0)],
                            ddp_comm_hook=lambda state, bucket: calls.append(state) or "the user's future")
-    report = ThroughputReport()
+    report = ThroughputReport(breakdown=True)
     report.setup(SimpleNamespace(strategy=strategy), None, "fit")
     state, hook = compat.ddp_comm_hook(strategy)
     report.timer.start_epoch(), report.timer.batch_start()
     assert isinstance(report.timer.clock, LateClock) and hook(state, FakeBucket(3)) == "the user's future"
     report.timer.batch_end()
     assert calls == [state] and report.timer.take_epoch().buckets == 1  # the bucket marked, on the late clock
+
+
+@pytest.mark.parametrize("device, timed", [("cpu", True), ("cuda", False)])
+def test_by_default_the_breakdown_runs_on_cpu_ranks_and_not_on_gpus_where_it_was_measured_to_cost(device, timed):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    report = ThroughputReport()
+    report.setup(SimpleNamespace(strategy=DDPStrategy(parallel_devices=[torch.device(device, 0)])), None, "fit")
+    assert (report.timer is not None) is timed
 
 
 def test_a_timer_that_starts_mid_epoch_as_a_resumed_run_does_counts_no_data_wait_for_its_first_batch():

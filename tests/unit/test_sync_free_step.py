@@ -41,7 +41,7 @@ def test_a_hundred_steady_state_steps_never_synchronise(tmp_path, precision, str
     window = SyncFreeWindow()
 
     with runtime.guarded_process():  # the window last, as it was after every callback the CLI runs
-        report = ThroughputReport(check_every_n_steps=EVERY)
+        report = ThroughputReport(breakdown=True, check_every_n_steps=EVERY)  # off on CUDA unless asked
         tiny_fit(data, tmp_path, [report, *with_safety((), EVERY), window], plugins=[runtime.VerifiedCheckpointIO()],
                  batch_size=2, network="cnn", accelerator="gpu", precision=precision, strategy=strategy,
                  log_every_n_steps=EVERY, limit_val_batches=0)
