@@ -1,15 +1,10 @@
 """On a GPU: does the step-time breakdown add host-device synchronisation, and does its split agree with Holistic
 Trace Analysis (HTA)? train.py (ddp on one device) runs with the breakdown on, then off, each with a ProfiledWindow:
-the torch profiler over optimizer steps [start, start + steps), each step's forward, backward and optimizer marked as
-record_function ranges at the hooks where the breakdown takes its marks.
+the torch profiler over a window of steps, their forward, backward and optimizer marked as record_function ranges at
+the hooks where the breakdown takes its marks. Prints each run's synchronising CUDA calls in the window, and the
+breakdown's parts per step beside HTA's GPU time of each range (without HTA installed, the trace's own spans).
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu_trace [--network wrn] [--precision bf16-mixed]
-
-Prints, per run, the synchronising CUDA runtime calls in the window and the warnings of
-``torch.cuda.set_sync_debug_mode("warn")``; then, for the run with the breakdown, its forward, backward and optimizer
-per step (metrics.csv, the window's epoch) beside HTA's GPU time of each range (``get_gpu_user_annotation_breakdown``)
-on the window's trace. HTA is optional (``pip install HolisticTraceAnalysis``): without it, the trace's own
-``gpu_user_annotation`` spans are summed instead, and the line says so.
 """
 
 import argparse
@@ -17,28 +12,26 @@ import json
 import statistics
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import torch
-import yaml
 from lightning.pytorch import Callback
 
 from benchmarks import launch
-from benchmarks.launch import REPO
 from benchmarks.speed import machine
+from benchmarks.step_time_cost import config_with_breakdown
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 RANGES = ("forward", "backward", "optimizer")
 
 
 class ProfiledWindow(Callback):
-    """The torch profiler, and sync-debug warnings, over optimizer steps [start, start + steps); writes trace/rank0.json
-    and window.json (the sync counts) to ``folder``."""
+    """The torch profiler over optimizer steps [start, start + steps); writes trace/rank0.json and window.json (the
+    synchronising calls) to ``folder``."""
 
     def __init__(self, folder: str, start: int = 70, steps: int = 20) -> None:
         self.folder, self.start, self.steps = Path(folder), start, steps
-        self.profiler = self.caught = self.warned = None
+        self.profiler = None
         self.open = []
 
     def _enter(self, name: str) -> None:
@@ -55,11 +48,6 @@ class ProfiledWindow(Callback):
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                                torch.profiler.ProfilerActivity.CUDA])
             self.profiler.__enter__()
-            self.caught = warnings.catch_warnings(record=True)
-            self.warned = self.caught.__enter__()
-            warnings.simplefilter("always")
-            if torch.cuda.is_available():
-                torch.cuda.set_sync_debug_mode("warn")
         self._enter("forward")
 
     def on_before_backward(self, trainer, pl_module, loss):
@@ -76,30 +64,12 @@ class ProfiledWindow(Callback):
         self._exit()
         if self.profiler is None or trainer.global_step != self.start + self.steps:
             return
-        if torch.cuda.is_available():
-            torch.cuda.set_sync_debug_mode(0)
-        warned = [str(w.message) for w in self.warned if "synchroniz" in str(w.message)]
-        self.caught.__exit__(None, None, None)
         self.profiler.__exit__(None, None, None)
         calls = {e.key: e.count for e in self.profiler.key_averages() if e.key in SYNC_CALLS}
         (self.folder / "trace").mkdir()  # the trace alone in its folder: HTA reads every .json there
         self.profiler.export_chrome_trace(str(self.folder / "trace" / "rank0.json"))
-        (self.folder / "window.json").write_text(json.dumps({"sync_calls": calls, "sync_warnings": len(warned),
-                                                              "first_warnings": warned[:3], "steps": self.steps}))
+        (self.folder / "window.json").write_text(json.dumps({"sync_calls": calls, "steps": self.steps}))
         self.profiler = None
-
-
-def config(folder: Path, breakdown: bool, start: int, steps: int) -> Path:
-    """configs/default.yaml with the breakdown on or off and a ProfiledWindow last."""
-    cfg = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
-    for callback in cfg["trainer"]["callbacks"]:
-        if callback["class_path"] == "callbacks.ThroughputReport":
-            callback.setdefault("init_args", {})["breakdown"] = breakdown
-    cfg["trainer"]["callbacks"].append({"class_path": "benchmarks.gpu_trace.ProfiledWindow",
-                                        "init_args": {"folder": str(folder), "start": start, "steps": steps}})
-    path = folder / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def annotation_ms(folder: Path) -> tuple:
@@ -108,8 +78,8 @@ def annotation_ms(folder: Path) -> tuple:
     try:
         from hta.trace_analysis import TraceAnalysis
 
-        table = TraceAnalysis(trace_dir=str(folder / "trace")).get_gpu_user_annotation_breakdown(visualize=False,
-                                                                                        num_kernels=100)
+        analysis = TraceAnalysis(trace_dir=str(folder / "trace"))
+        table = analysis.get_gpu_user_annotation_breakdown(visualize=False, num_kernels=100)
         rows = table.iterrows() if table is not None else ()  # None: no GPU annotation in the trace
         return {row["name"]: row["mean (us)"] / 1000 for _, row in rows if row["name"] in RANGES}, "HTA"
     except Exception as error:  # noqa: BLE001 - the trace's own spans still answer
@@ -134,7 +104,9 @@ def main(argv=None) -> int:
     for breakdown in (True, False):
         with tempfile.TemporaryDirectory() as name:
             folder = Path(name)
-            latest = launch.train_record(["--config", str(config(folder, breakdown, args.start, args.steps)),
+            window = {"class_path": "benchmarks.gpu_trace.ProfiledWindow",
+                      "init_args": {"folder": str(folder), "start": args.start, "steps": args.steps}}
+            latest = launch.train_record(["--config", str(config_with_breakdown(folder, breakdown, window)),
                                           "--strategy", "ddp", "--devices", "1", "--accelerator", args.accelerator,
                                           "--network", args.network, "--trainer.precision", args.precision,
                                           "--lr", str(args.lr), "--data.train_subset", str(args.train_subset),
@@ -142,8 +114,7 @@ def main(argv=None) -> int:
                                           "--test_after_fit", "false"]).latest
             window = json.loads((folder / "window.json").read_text())
             print(f"breakdown {'on' if breakdown else 'off'}: {window['steps']} steps profiled, synchronising calls "
-                  f"{window['sync_calls'] or 'none'}, sync-debug warnings {window['sync_warnings']} "
-                  f"{window['first_warnings']}")
+                  f"{window['sync_calls'] or 'none'}")
             if breakdown:
                 steps = args.train_subset // 128
                 ours = {part: latest[f"time/{part}/rank0"] / steps * 1000 for part in RANGES}

@@ -21,11 +21,13 @@ from benchmarks import launch
 from benchmarks.launch import REPO
 
 
-def config_with_breakdown(folder: Path, on: bool) -> Path:
+def config_with_breakdown(folder: Path, on: bool, *extra_callbacks: dict) -> Path:
+    """configs/default.yaml with the breakdown on or off, and ``extra_callbacks`` last."""
     config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
     for callback in config["trainer"]["callbacks"]:
         if callback["class_path"] == "callbacks.ThroughputReport":
             callback.setdefault("init_args", {})["breakdown"] = on
+    config["trainer"]["callbacks"] += extra_callbacks
     path = folder / f"breakdown_{'on' if on else 'off'}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
