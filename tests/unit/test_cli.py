@@ -161,10 +161,6 @@ def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root,
     assert not (workdir / "runs").exists()  # nothing written before the mistake was reported
 
 
-
-
-
-
 @pytest.mark.parametrize("keyword, message", [
     ("last", "--ckpt_path last: no last checkpoint (last*.ckpt) in {folder}, so there is nothing to resume"),
     ("best", "--ckpt_path best means the best checkpoint of this process's own fit"),
