@@ -19,7 +19,6 @@ from lightning.pytorch import Callback
 
 from benchmarks import launch
 from benchmarks.speed import machine
-from benchmarks.step_time_cost import config_with_breakdown
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 RANGES = ("forward", "backward", "optimizer")
@@ -104,14 +103,14 @@ def main(argv=None) -> int:
     for breakdown in (True, False):
         with tempfile.TemporaryDirectory() as name:
             folder = Path(name)
-            window = {"class_path": "benchmarks.gpu_trace.ProfiledWindow",
-                      "init_args": {"folder": str(folder), "start": args.start, "steps": args.steps}}
-            latest = launch.train_record(["--config", str(config_with_breakdown(folder, breakdown, window)),
-                                          "--strategy", "ddp", "--devices", "1", "--accelerator", args.accelerator,
-                                          "--network", args.network, "--trainer.precision", args.precision,
-                                          "--lr", str(args.lr), "--data.train_subset", str(args.train_subset),
-                                          "--epochs", "2", "--trainer.limit_val_batches", "1",
-                                          "--test_after_fit", "false"]).latest
+            window = ["--trainer.callbacks+=benchmarks.gpu_trace.ProfiledWindow", "--trainer.callbacks.folder",
+                      str(folder), "--trainer.callbacks.start", str(args.start), "--trainer.callbacks.steps",
+                      str(args.steps)]  # the last of the run's callbacks
+            latest = launch.train_record(["--breakdown", str(breakdown).lower(), *window, "--strategy", "ddp",
+                                          "--devices", "1", "--accelerator", args.accelerator, "--network", args.network,
+                                          "--trainer.precision", args.precision, "--lr", str(args.lr),
+                                          "--data.train_subset", str(args.train_subset), "--epochs", "2",
+                                          "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]).latest
             window = json.loads((folder / "window.json").read_text())
             print(f"breakdown {'on' if breakdown else 'off'}: {window['steps']} steps profiled, synchronising calls "
                   f"{window['sync_calls'] or 'none'}")

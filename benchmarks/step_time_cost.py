@@ -4,33 +4,16 @@ epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.step_time_cost [--pairs 10] [--devices 2]
     ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
-On and off are configs/default.yaml with ``callbacks.ThroughputReport``'s ``breakdown`` true and false (copies written
-to a scratch folder: its default, null, is off on a GPU); everything else is the same command.
+On and off are ``--breakdown true`` and ``--breakdown false`` (its default is off on a GPU); everything else is the
+same command.
 """
 
 import argparse
 import statistics
 import sys
-import tempfile
-from pathlib import Path
-
-import yaml
 
 from benchmarks.speed import machine
 from benchmarks import launch
-from benchmarks.launch import REPO
-
-
-def config_with_breakdown(folder: Path, on: bool, *extra_callbacks: dict) -> Path:
-    """configs/default.yaml with the breakdown on or off, and ``extra_callbacks`` last."""
-    config = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
-    for callback in config["trainer"]["callbacks"]:
-        if callback["class_path"] == "callbacks.ThroughputReport":
-            callback.setdefault("init_args", {})["breakdown"] = on
-    config["trainer"]["callbacks"] += extra_callbacks
-    path = folder / f"breakdown_{'on' if on else 'off'}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def rate(args, extra) -> float:
@@ -52,16 +35,15 @@ def main(argv=None) -> int:
     parser.add_argument("--train_subset", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=3)
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as folder:
-        order = [(name, ["--config", str(config_with_breakdown(Path(folder), name == "on"))]) for name in ("on", "off")]
-        ratios, on, off = [], [], []
-        for pair in range(args.pairs):  # on first in even pairs, off first in odd ones
-            results = dict((name, rate(args, extra)) for name, extra in (order if pair % 2 == 0 else order[::-1]))
-            on.append(results["on"])
-            off.append(results["off"])
-            ratios.append(results["on"] / results["off"])
-            print(f"pair {pair + 1}: on {results['on']:.0f}, off {results['off']:.0f} images/sec, on/off "
-                  f"{ratios[-1]:.3f}", flush=True)
+    order = [("on", ["--breakdown", "true"]), ("off", ["--breakdown", "false"])]
+    ratios, on, off = [], [], []
+    for pair in range(args.pairs):  # on first in even pairs, off first in odd ones
+        results = dict((name, rate(args, extra)) for name, extra in (order if pair % 2 == 0 else order[::-1]))
+        on.append(results["on"])
+        off.append(results["off"])
+        ratios.append(results["on"] / results["off"])
+        print(f"pair {pair + 1}: on {results['on']:.0f}, off {results['off']:.0f} images/sec, on/off "
+              f"{ratios[-1]:.3f}", flush=True)
     print(f"\n{args.devices} {args.accelerator} rank(s) (ddp, {args.precision or '32-true'}), {args.network}, "
           f"{args.train_subset} images x {args.epochs} epochs (steady epochs 2..); {machine()}")
     print(f"breakdown on/off: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) "

@@ -48,13 +48,18 @@ class FashionMNISTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="fit only: evaluate the best checkpoint on the test split when training ends")
-        # Two settings of callbacks in trainer.callbacks, kept as top-level flags: the links set them on the callback
-        # that takes them (callbacks.progress.ProgressBar, fashion_mnist_dp.runtime.Agreement).
+        # Three settings of callbacks in trainer.callbacks, kept as top-level flags: the links set them on the callbacks
+        # that take them (callbacks.progress.ProgressBar, fashion_mnist_dp.runtime.Agreement,
+        # callbacks.ThroughputReport).
         parser.add_argument("--progress", type=Optional[bool], default=None,
                             help="a progress bar inside each epoch; default: when stdout is a terminal")
         parser.add_argument("--check_every_n_steps", type=int, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
                             help="the ranks agree on stopping (signal, divergence) every N optimizer steps, and at "
                                  "every validation, epoch end and checkpoint: a signal stops the run within N steps")
+        parser.add_argument("--breakdown", type=Optional[bool], default=None,
+                            help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs, where it costs "
+                                 "a small network about 10 %% of its images/sec (docs/benchmarks.md)")
+        parser.link_arguments("breakdown", "trainer.callbacks.init_args.breakdown")
         parser.link_arguments("progress", "trainer.callbacks.init_args.show_progress")
         parser.link_arguments("check_every_n_steps", "trainer.callbacks.init_args.check_every_n_steps")
         # Its own section (--stop_at_target.*, shorthand --target_accuracy): LightningCLI appends it to the callbacks.

@@ -246,6 +246,17 @@ def test_by_default_the_breakdown_runs_on_cpu_ranks_and_not_on_gpus_where_it_was
     assert (report.timer is not None) is timed
 
 
+def test_the_breakdown_flag_reaches_throughput_report_through_the_config(workdir, fashion_root):
+    """``--breakdown false`` (a top-level key, linked to the callback) turns it off where it would be on: a CPU rank."""
+    import train
+
+    code = train.main(["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "1", "--test_after_fit",
+                       "false", "--breakdown", "false"])
+    rows = read_rows(next((workdir / "runs").glob("*/version_0/metrics.csv")))
+    assert code == 0 and any(row.get("throughput/images_per_sec") for row in rows)
+    assert not any(key.startswith("time/forward/") for row in rows for key in row), rows[0].keys()
+
+
 def test_a_timer_that_starts_mid_epoch_as_a_resumed_run_does_counts_no_data_wait_for_its_first_batch():
     now = iter([1.0, 1.0, 1.5, 1.6, 1.7, 1.8])
     timer = StepTimer(clock=HostClock(lambda: next(now)))
