@@ -13,6 +13,8 @@
 #   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
+# Timing on an H200 (2026-11-26): tests 10 s; each train.py run of trace and cost about 20 s, so a cost stage takes
+# 40 s per pair (PAIRS=6: 4 min). A 15-minute lease holds the start, tests, trace and one cost stage at 10 pairs.
 # Everything it prints is also written under $OUT. The figures go to docs/reporting.md and docs/benchmarks.md with
 # the machine and the torch version it names (the image's torch may be older than setup.cfg's floor: say so).
 set -u -o pipefail
