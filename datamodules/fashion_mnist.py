@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 from torchvision.datasets import FashionMNIST
 
 from datamodules.augment import augmentation_seed, random_crop, random_horizontal_flip, run_seed
-from datamodules.files import (check_raw_folder, default_data_dir, download_or_raise, missing_files, raw_folder,
-                               read_header, torchvision_root)
+from datamodules.files import (SPLITS, check_raw_folder, default_data_dir, download_or_raise, missing_files,
+                               raw_folder, read_header, torchvision_root)
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
 
@@ -101,7 +101,7 @@ class FashionMNISTDataModule(LightningDataModule):
         if missing:
             download_or_raise(self.data_dir, missing, self.download)
         check_raw_folder(folder.resolve())
-        self._check_train_subset(read_header(folder / "train-images-idx3-ubyte", 3)[0] - self.val_size)
+        self._check_train_subset(read_header(folder / SPLITS[0][0], 3)[0] - self.val_size)
 
     def _check_train_subset(self, left: int) -> None:
         """More than ``left`` would silently train on all of them: refused before anything is written."""
