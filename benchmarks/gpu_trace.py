@@ -1,7 +1,8 @@
 """On a GPU: does the step-time breakdown add host-device synchronisation, and does its split agree with Holistic
 Trace Analysis (HTA)? train.py (ddp on one device) runs with the breakdown on, then off, each with a ProfiledWindow:
 the torch profiler over a window of steps, their forward, backward and optimizer marked as record_function ranges at
-the hooks where the breakdown takes its marks. Prints each run's synchronising CUDA calls in the window, and the
+the hooks where the breakdown takes its marks (Lightning's PyTorchProfiler marks training_step and backward, not
+these spans). Prints each run's synchronising CUDA calls in the window, and the
 breakdown's parts per step beside HTA's GPU time of each range (without HTA installed, the trace's own spans).
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu_trace [--network wrn] [--precision bf16-mixed]
@@ -22,6 +23,7 @@ from benchmarks.speed import machine
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 RANGES = ("forward", "backward", "optimizer")
+BATCH = 128
 
 
 class ProfiledWindow(Callback):
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
     parser.add_argument("--network", default="wrn")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--accelerator", default="gpu")  # cpu: to check the tool itself, no GPU figures
-    parser.add_argument("--train_subset", type=int, default=8192)  # 64 steps of 128 an epoch: the window in epoch 2
+    parser.add_argument("--train_subset", type=int, default=8192)  # 64 steps an epoch: the window in epoch 2
     parser.add_argument("--lr", type=float, default=0.01)  # wrn diverges by step 15 at the default 0.05 (benchmarks.md)
     parser.add_argument("--start", type=int, default=70)
     parser.add_argument("--steps", type=int, default=20)
@@ -103,19 +105,20 @@ def main(argv=None) -> int:
     for breakdown in (True, False):
         with tempfile.TemporaryDirectory() as name:
             folder = Path(name)
-            window = ["--trainer.callbacks+=benchmarks.gpu_trace.ProfiledWindow", "--trainer.callbacks.folder",
-                      str(folder), "--trainer.callbacks.start", str(args.start), "--trainer.callbacks.steps",
-                      str(args.steps)]  # the last of the run's callbacks
-            latest = launch.train_record(["--breakdown", str(breakdown).lower(), *window, "--strategy", "ddp",
-                                          "--devices", "1", "--accelerator", args.accelerator, "--network", args.network,
-                                          "--trainer.precision", args.precision, "--lr", str(args.lr),
+            profiled = ["--trainer.callbacks+=benchmarks.gpu_trace.ProfiledWindow", "--trainer.callbacks.folder",
+                        str(folder), "--trainer.callbacks.start", str(args.start), "--trainer.callbacks.steps",
+                        str(args.steps)]  # the last of the run's callbacks
+            latest = launch.train_record(["--breakdown", str(breakdown).lower(), *profiled, "--strategy", "ddp",
+                                          "--devices", "1", "--accelerator", args.accelerator,
+                                          "--network", args.network, "--trainer.precision", args.precision,
+                                          "--lr", str(args.lr), "--batch_size", str(BATCH),
                                           "--data.train_subset", str(args.train_subset), "--epochs", "2",
                                           "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]).latest
             window = json.loads((folder / "window.json").read_text())
             print(f"breakdown {'on' if breakdown else 'off'}: {window['steps']} steps profiled, synchronising calls "
                   f"{window['sync_calls'] or 'none'}")
             if breakdown:
-                steps = args.train_subset // 128
+                steps = args.train_subset // BATCH
                 ours = {part: latest[f"time/{part}/rank0"] / steps * 1000 for part in RANGES}
                 theirs, source = annotation_ms(folder)
                 print(f"{args.network}, {args.precision}, ms per step: " + ", ".join(
