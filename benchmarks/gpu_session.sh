@@ -13,8 +13,10 @@
 #   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
+#   bash benchmarks/gpu_session.sh ema       # callbacks.WeightEMA against Lightning's EMAWeightAveraging (which reads
+#                                            # its update count from the device every step), 10 pairs, same decay
 # Timing on an H200 (2026-11-26): tests 10 s; each train.py run of trace and cost about 20 s, so a cost stage takes
-# 40 s per pair (PAIRS=6: 4 min). A 15-minute lease holds the start, tests, trace and one cost stage at 10 pairs.
+# 40 s per pair (PAIRS=6: 4 min). A 15-minute lease holds the start, tests, trace and one cost or ema stage at 10 pairs.
 # Everything it prints is also written under $OUT. The figures go to docs/reporting.md and docs/benchmarks.md with
 # the machine and the torch version it names (the image's torch may be older than setup.cfg's floor: say so).
 set -u -o pipefail
@@ -38,6 +40,10 @@ for stage in "${@:-tests}"; do
                   | tee "$out/cost-fp32.txt" ;;
         cost16) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" \
                     --precision bf16-mixed 2>&1 | tee "$out/cost-bf16.txt" ;;
-        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, trace, cost or cost16" >&2; exit 2 ;;
+        ema) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" \
+                 --on="--trainer.callbacks+=callbacks.WeightEMA" \
+                 --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
+                 2>&1 | tee "$out/ema.txt" ;;
+        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, trace, cost, cost16 or ema" >&2; exit 2 ;;
     esac
 done

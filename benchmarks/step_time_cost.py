@@ -5,10 +5,12 @@ epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios
     ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
 On and off are ``--breakdown true`` and ``--breakdown false`` (its default is off on a GPU); everything else is the
-same command.
+same command. ``--on=FLAGS --off=FLAGS`` (with ``=``: the flags start with ``--``) times any other two variants the
+same way, e.g. our WeightEMA against Lightning's EMAWeightAveraging (benchmarks/gpu_session.sh, stage ema).
 """
 
 import argparse
+import shlex
 import statistics
 import sys
 
@@ -34,8 +36,10 @@ def main(argv=None) -> int:
     parser.add_argument("--network", default="cnn")
     parser.add_argument("--train_subset", type=int, default=4096)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--on", default="--breakdown true", help="train.py flags of the variant under test")
+    parser.add_argument("--off", default="--breakdown false", help="train.py flags of the baseline")
     args = parser.parse_args(argv)
-    order = [("on", ["--breakdown", "true"]), ("off", ["--breakdown", "false"])]
+    order = [("on", shlex.split(args.on)), ("off", shlex.split(args.off))]
     ratios, on, off = [], [], []
     for pair in range(args.pairs):  # on first in even pairs, off first in odd ones
         results = dict((name, rate(args, extra)) for name, extra in (order if pair % 2 == 0 else order[::-1]))
@@ -46,9 +50,9 @@ def main(argv=None) -> int:
               f"{ratios[-1]:.3f}", flush=True)
     print(f"\n{args.devices} {args.accelerator} rank(s) (ddp, {args.precision or '32-true'}), {args.network}, "
           f"{args.train_subset} images x {args.epochs} epochs (steady epochs 2..); {machine()}")
-    print(f"breakdown on/off: median {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}) "
-          f"over {args.pairs} interleaved pairs; on {statistics.median(on):.0f}, off {statistics.median(off):.0f} "
-          f"images/sec")
+    print(f"on ({args.on}) / off ({args.off}): median {statistics.median(ratios):.3f} "
+          f"(range {min(ratios):.3f}-{max(ratios):.3f}) over {args.pairs} interleaved pairs; "
+          f"on {statistics.median(on):.0f}, off {statistics.median(off):.0f} images/sec")
     return 0
 
 
