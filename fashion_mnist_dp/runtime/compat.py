@@ -1,10 +1,9 @@
 """Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters, or of torch's FSDP2
 modules, whose comms have no getter), and nothing else.
 
-Each was checked against Lightning 2.6.6 (``CHECKED_AGAINST``). ``missing()`` lists the ones a
-newer Lightning no longer has; tests/unit/test_compat.py fails with that list, so an upgrade
-breaks one test with a clear message instead of six modules at run time. Why each is needed:
-docs/reliability.md.
+Each was checked against Lightning 2.6.6: tests/unit/test_compat.py lists them and fails with the ones a newer
+Lightning no longer has, so an upgrade breaks one test with a clear message instead of six modules at run time. Why
+each is needed: docs/reliability.md.
 """
 
 from typing import Any, Dict, List
@@ -12,7 +11,6 @@ from typing import Any, Dict, List
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-CHECKED_AGAINST = "2.6.6"
 CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not a hyperparameter
 
 
@@ -105,39 +103,3 @@ def shard_over_every_rank(strategy) -> None:
 
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
     return {key: value for key, value in params.items() if key not in CLI_PRIVATE_KEYS}
-
-
-def _required() -> List[tuple]:
-    """(owner, attribute) pairs this module and the strategies' overridden hooks rely on."""
-    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
-    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-    from lightning.fabric.plugins.environments import LightningEnvironment
-    from torch.distributed.fsdp import FSDPModule
-    from torch.utils.tensorboard import SummaryWriter
-
-    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False)
-    logger = TensorBoardLogger(save_dir="unused-never-written")
-    launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
-    return [
-        (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
-        (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
-        (trainer.fit_loop, "_data_fetcher"),
-        (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
-        (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
-        (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"), (FSDPModule, "_get_fsdp_state"),
-        (ModelParallelStrategy(), "_tensor_parallel_size"),
-        # A hook fashion_mnist_dp/strategies/ overrides: dp's one-process launcher check.
-        (ParallelStrategy, "_configure_launcher"),
-    ]
-
-
-def missing() -> List[str]:
-    """The private attributes relied on that this Lightning lacks, as ``Owner.attribute`` names (empty: all there)."""
-    gone = []
-    for owner, name in _required():
-        if not hasattr(owner, name):
-            owner_name = owner.__name__ if isinstance(owner, type) else type(owner).__name__
-            gone.append(f"{owner_name}.{name}")
-    return gone
