@@ -20,12 +20,11 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from benchmarks.speed import machine, sgd_for, timed_steps
+from benchmarks.speed import machine, named_class, sgd_for, timed_steps
 from benchmarks import launch
 from benchmarks.launch import REPO
 from benchmarks.tables import markdown_table, median_range
 from callbacks.run_record import run_dirs
-from fashion_mnist_dp.cli.shorthand import named_class
 
 # train.py flags of each measured variant, on top of the GPU baseline (fp32, splits in GPU memory). The memory
 # format is explicit in every row: configs/default.yaml trains NHWC, the bare loop of `table` NCHW.

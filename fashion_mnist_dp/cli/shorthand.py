@@ -1,7 +1,6 @@
 """The workshop's command line (``--strategy ddp --devices 4``) rewritten to LightningCLI's (``fit --trainer.strategy
 ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcommands keep their meaning."""
 
-import importlib
 from typing import Dict, List, Optional, Sequence
 
 from fashion_mnist_dp.runtime.errors import ShorthandError
@@ -79,12 +78,6 @@ def _check_lr(flag: str, value: str) -> None:
         number = float("nan")
     if not 0 < number < float("inf"):
         raise ShorthandError(f"{flag} must be a number > 0 (the base learning rate, e.g. {flag} 0.05); got {value}")
-
-
-def named_class(key: str, name: str) -> type:
-    """The class a short name (or class path) of ``key`` stands for: ``named_class("--model.network", "cnn")``."""
-    module, _, attr = class_path(key, name).rpartition(".")
-    return getattr(importlib.import_module(module), attr)
 
 
 def shorthand_help() -> str:
