@@ -14,10 +14,10 @@ from typing import Any, Dict, List, Sequence, Set
 
 from fashion_mnist_dp.cli.checks import options, yaml_mapping
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND
+from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.errors import CheckpointRefused
 
 MODEL = "model"
-INTERNAL_KEYS = ("_instantiator",)  # LightningCLI's own entry in the stored hyperparameters
 SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}  # model.optimizer.init_args.lr -> --lr
 
 
@@ -50,7 +50,7 @@ def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
 
 def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
     """The model's stored hyperparameters, with every class path checked (see the module docstring)."""
-    stored = {k: v for k, v in (checkpoint.get("hyper_parameters") or {}).items() if k not in INTERNAL_KEYS}
+    stored = compat.public_hparams(checkpoint.get("hyper_parameters") or {})
     for key, value in flat(stored, MODEL).items():
         if key.rsplit(".", 1)[-1] in ("class_path", "_class_path") and value not in SHORT_NAME:
             module = str(value).rpartition(".")[0]
