@@ -210,7 +210,7 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -
     try:
         wait_for(run())
         return ExitCode.OK
-    except BaseException as raw:  # noqa: B902 (SystemExit from a signal outside training passes through below)
+    except BaseException as raw:  # noqa: B902 (SystemExit, from argparse or Lightning's Ctrl-C path, passes through)
         if isinstance(raw, SystemExit):
             raise
         error = as_user_facing(raw, rank())

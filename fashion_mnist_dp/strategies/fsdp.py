@@ -37,7 +37,6 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
 
 
-
 def unshardable_optimizer(optimizer_class: type) -> Optional[str]:
     """``torch_optimizer.NovoGrad`` when ``optimizer_class`` is (or derives from) it: its state mixes plain tensors
     with fsdp's DTensors, which torch refuses; else None."""
