@@ -170,7 +170,7 @@ def read_summary(path: Path) -> dict:
     for key in ("network", "optimizer"):
         entry = loaded.get(key)
         if isinstance(entry, dict):
-            summary[key] = short_name(f"--model.{key}", entry.get("class_path"))
+            summary[key] = short_name(entry.get("class_path"))
             for name, value in (entry.get("init_args") or {}).items():
                 summary.setdefault(name, value)
     return summary

@@ -17,7 +17,7 @@ from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 DEFAULT_ROOT = "runs"
 
 
-def short_name(key: str, class_path: Optional[str]) -> str:
+def short_name(class_path: Optional[str]) -> str:
     """The command line's short name of a network or optimizer class (``fast_cnn``, ``lamb``), else its class name."""
     return SHORT_NAME.get(class_path) or str(class_path).rpartition(".")[2].lower()
 
@@ -52,8 +52,8 @@ def run_name(config) -> str:
     devices = device_count(trainer.devices, trainer.accelerator) * int(trainer.num_nodes or 1)
     virtual = int(getattr(data, "virtual_devices", 1) or 1)
     shape = f"{devices * virtual}vx{data.batch_size}" if virtual > 1 else f"{devices}x{data.batch_size}"
-    network = short_name("--model.network", getattr(model.network, "class_path", None))
-    optimizer = short_name("--model.optimizer", getattr(model.optimizer, "class_path", None))
+    network = short_name(getattr(model.network, "class_path", None))
+    optimizer = short_name(getattr(model.optimizer, "class_path", None))
     return f"{network}-{strategy_name(trainer.strategy, devices)}-{shape}-{optimizer}"
 
 
