@@ -1,0 +1,264 @@
+"""Host time per training step (`make bench`): train.py against Lightning's own dispatch, with a near-zero network.
+
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.host_time [--repeats 5] [--profile]
+
+With ``lightning_modules.networks.MLP`` of 8 hidden units (6.4 K parameters), batch 128, one thread, what is left of
+a step is host work: the regime of a small model's GPU step, whose time is bound by the Python around it. Four rows,
+each in its own process, run in interleaved order (a, b, c, d, then d, c, b, a, ...), medians of the repeats:
+
+  bare:       a PyTorch loop (forward, loss, backward, SGD step) over batches already in memory;
+  lightning:  the same in a minimal LightningModule under a plain ``Trainer`` (no logger, checkpoint, bar, summary);
+  reference:  the same + 20 no-op callbacks (as many as a default run lists) + a ``CSVLogger``;
+  train.py:   ``python train.py --network mlp --model.network.init_args.hidden 8`` (configs/default.yaml, every
+              callback on), on the Fashion-MNIST files of ``$FASHION_MNIST_DIR``.
+
+Each row times optimizer steps [skip, skip + steps) of its second epoch (no start-up, validation or epoch end inside
+the window) with :class:`StepWindow`, the same callback in the three Lightning rows. ``--profile`` runs train.py once
+under cProfile over the same window and sums the time per callback and per module (``attribute``).
+"""
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from benchmarks import launch
+from benchmarks.tables import markdown_table, median_range
+
+BATCH, HIDDEN, SKIP, STEPS, EPOCH = 128, 8, 20, 400, 1
+SUB_WINDOW = 50  # steps: each holds one decision point (check_every_n_steps) and one log step
+ROWS = ("bare", "lightning", "reference", "train.py")
+GOAL = 1.25  # train.py / reference, the issue's goal
+NETWORK_FLAGS = ["--network", "mlp", "--model.network.init_args.hidden", str(HIDDEN)]
+
+
+def _window_file() -> Path:
+    return Path(os.environ["HOST_TIME_OUT"])
+
+
+def _write(us_per_step: float, extra: Optional[dict] = None) -> None:
+    _window_file().write_text(json.dumps({"us_per_step": us_per_step, **(extra or {})}))
+
+
+try:
+    from lightning.pytorch import Callback
+except ImportError:  # pragma: no cover - the project installs lightning
+    Callback = object
+
+
+class StepWindow(Callback):
+    """Times batches [skip, skip + steps) of epoch ``epoch`` between their ``on_train_batch_start`` hooks and writes
+    µs/step to ``$HOST_TIME_OUT``; with ``$HOST_TIME_PROFILE`` set, profiles the same window into that file."""
+
+    def __init__(self, skip: int = SKIP, steps: int = STEPS, epoch: int = EPOCH) -> None:
+        self.skip, self.steps, self.epoch = skip, steps, epoch
+        self._start: Optional[float] = None
+        self._marks: List[float] = []
+        self._profiler: Optional[cProfile.Profile] = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        if trainer.current_epoch != self.epoch:
+            return
+        if self._start is not None and (batch_idx - self.skip) % SUB_WINDOW == 0:
+            self._marks.append(time.perf_counter())
+        if batch_idx == self.skip:
+            if os.environ.get("HOST_TIME_PROFILE"):
+                self._profiler = cProfile.Profile()
+                self._profiler.enable()
+            if os.environ.get("HOST_TIME_NO_GC"):
+                import gc
+                gc.disable()
+            self._start = time.perf_counter()
+        elif batch_idx == self.skip + self.steps and self._start is not None:
+            elapsed = time.perf_counter() - self._start
+            if self._profiler is not None:
+                self._profiler.disable()
+                self._profiler.dump_stats(os.environ["HOST_TIME_PROFILE"])
+            subs = [(b - a) / SUB_WINDOW * 1e6 for a, b in zip([self._start] + self._marks, self._marks)]
+            _write(elapsed / self.steps * 1e6, {"best_sub_window": min(subs)})
+            self._start = None
+
+
+def _batches(n: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    return [((torch.rand(BATCH, 1, 28, 28, generator=generator) - 0.29) / 0.35,
+             torch.randint(0, 10, (BATCH,), generator=generator)) for _ in range(n)]
+
+
+class Batches:
+    """An iterable of ready batches (a list would be taken for several data loaders)."""
+
+    def __init__(self, batches) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _network():
+    from lightning_modules.networks import MLP
+
+    return MLP(hidden=HIDDEN)
+
+
+def _sgd(parameters):
+    import torch
+
+    return torch.optim.SGD(parameters, lr=0.05, momentum=0.9, weight_decay=5e-4)
+
+
+def run_bare() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model, batches = _network(), _batches(SKIP + STEPS + 10)
+    optimizer = _sgd(model.parameters())
+    for epoch in range(EPOCH + 1):
+        for index, (images, targets) in enumerate(batches):
+            if epoch == EPOCH and index == SKIP:
+                start = time.perf_counter()
+            if epoch == EPOCH and index == SKIP + STEPS:
+                _write((time.perf_counter() - start) / STEPS * 1e6)
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(images), targets).backward()
+            optimizer.step()
+
+
+def run_lightning(reference: bool) -> None:
+    import torch
+    import torch.nn.functional as F
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Minimal(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _network()
+
+        def training_step(self, batch, batch_idx):
+            images, targets = batch
+            return F.cross_entropy(self.net(images), targets)
+
+        def configure_optimizers(self):
+            return _sgd(self.parameters())
+
+    torch.manual_seed(0)
+    callbacks: List[Callback] = [StepWindow()] + ([Callback() for _ in range(20)] if reference else [])
+    with tempfile.TemporaryDirectory() as logs:
+        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=EPOCH + 1, callbacks=callbacks,
+                          logger=CSVLogger(logs) if reference else False, enable_checkpointing=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(Minimal(), train_dataloaders=Batches(_batches(SKIP + STEPS + 10)))
+
+
+def measure(row: str, profile: Optional[Path] = None) -> Dict[str, float]:
+    """One process of ``row``; its µs/step."""
+    with tempfile.TemporaryDirectory(prefix="host-time-") as folder:
+        out = Path(folder) / "window.json"
+        env = launch.clean_env({"HOST_TIME_OUT": str(out), **({"HOST_TIME_PROFILE": str(profile)} if profile else {})},
+                               keep_data_dir=True)
+        if row == "train.py":
+            args = [*NETWORK_FLAGS, "--epochs", str(EPOCH + 1), "--test_after_fit", "false",
+                    "--trainer.callbacks+=benchmarks.host_time.StepWindow"]
+            finished = launch.run_train(args, Path(folder), 600, env)
+        else:
+            with tempfile.TemporaryDirectory(prefix="host-time-logs-") as logs:
+                job = launch.start(row, ["-m", "benchmarks.host_time", "--row", row], launch.REPO, Path(logs), env)
+                timeout = launch.wait_all([job], 600)
+                finished = launch.Finished(job.returncode, job.stdout, job.stderr)
+                if timeout:
+                    raise SystemExit(timeout)
+        if finished.returncode != 0 or not out.exists():
+            raise SystemExit(f"{row} exited {finished.returncode} without a window:\n{finished.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def attribute(profile: Path, top: int = 12) -> str:
+    """The profiled window's time, in µs per step: per callback class and per module of the repository (inclusive
+    time of each hook and of each top-level function), and the top functions by own time."""
+    stats = pstats.Stats(str(profile)).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    repo = str(launch.REPO) + "/"
+    by_module: Dict[str, float] = {}
+    def ours(file: str) -> bool:
+        return file.startswith(repo) and "site-packages/" not in file
+
+    for (file, _, _), (_, _, own, _, _) in stats.items():
+        if "site-packages/" in file:
+            name = "/".join(file.split("site-packages/")[1].split("/")[:2])
+        elif ours(file):
+            name = file[len(repo):]
+        else:
+            name = "python, builtins, torch's C++"
+        by_module[name] = by_module.get(name, 0.0) + own
+    rows = sorted(by_module.items(), key=lambda item: -item[1])[:top]
+    own = sorted(((v[2], f"{Path(k[0]).name}:{k[1]} {k[2]}") for k, v in stats.items()), reverse=True)[:top]
+    hooks = sorted(((v[3], f"{Path(k[0]).name}:{k[1]} {k[2]}") for k, v in stats.items()
+                    if ours(k[0]) and k[2].startswith(("on_", "training_step"))), reverse=True)[:top]
+    per_step = 1e6 / STEPS
+    lines = ["Own time per module (µs/step):", markdown_table(["module", "µs/step"],
+                                                              [[m, f"{s * per_step:.0f}"] for m, s in rows]),
+             "", "Our hooks, inclusive (µs/step):",
+             markdown_table(["hook", "µs/step"], [[n, f"{s * per_step:.0f}"] for s, n in hooks]),
+             "", "Top functions by own time (µs/step):",
+             markdown_table(["function", "µs/step"], [[n, f"{s * per_step:.1f}"] for s, n in own])]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_time", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of " + ", ".join(ROWS))
+    parser.add_argument("--profile", action="store_true", help="also profile train.py's window once")
+    parser.add_argument("--profile_dump", help="keep the profile in this file (pstats)")
+    parser.add_argument("--row", choices=ROWS[:3], help=argparse.SUPPRESS)  # a child process: one row
+    args = parser.parse_args(argv)
+    if args.row == "bare":
+        run_bare()
+        return 0
+    if args.row:
+        run_lightning(reference=args.row == "reference")
+        return 0
+    if "FASHION_MNIST_DIR" not in os.environ:
+        raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
+    rows = args.rows.split(",")
+    times: Dict[str, List[float]] = {row: [] for row in rows}
+    for repeat in range(args.repeats):
+        for row in rows if repeat % 2 == 0 else rows[::-1]:
+            times[row].append(measure(row)["us_per_step"])
+            print(f"repeat {repeat + 1}: {row} {times[row][-1]:.0f} µs/step", flush=True)
+    from benchmarks.speed import machine
+
+    print(f"\nHost time per step, µs, median (range) of {args.repeats} interleaved runs: MLP({HIDDEN} hidden), batch "
+          f"{BATCH}, 1 thread, steps {SKIP}-{SKIP + STEPS} of epoch {EPOCH + 1}; {machine()}")
+    reference = statistics.median(times["reference"]) if "reference" in times else None
+    print(markdown_table(["loop", "µs per step", "× reference"],
+                         [[row, median_range(times[row]),
+                           f"{statistics.median(times[row]) / reference:.2f}" if reference else ""] for row in rows]))
+    if reference and "train.py" in times:
+        ratio = statistics.median(times["train.py"]) / reference
+        print(f"train.py / reference: {ratio:.2f} (goal <= {GOAL})")
+    if args.profile:
+        with tempfile.TemporaryDirectory() as folder:
+            profile = Path(folder) / "train.prof"
+            measure("train.py", profile)
+            print("\n" + attribute(profile))
+            if args.profile_dump:
+                pstats.Stats(str(profile)).sort_stats("cumulative").dump_stats(args.profile_dump)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
