@@ -110,6 +110,7 @@ class FashionMNISTClassifier(LightningModule):
         self.batch_plan: Optional[BatchPlan] = None  # set when fit configures the optimizer
         self.learning_rates: Optional[LearningRates] = None
         self.start_notes: List[str] = []  # extra lines for the start block (the CLI's checkpoint overrides)
+        self._loss_window: tuple = (None, 0, None)  # train/loss since it was last logged: (sum, steps, step logged at)
 
     def configure_model(self) -> None:
         """Under ``--strategy fsdp`` (a ModelParallelStrategy: Lightning gives the module a ``device_mesh``) FSDP2
@@ -134,9 +135,29 @@ class FashionMNISTClassifier(LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, targets = batch
-        loss = F.cross_entropy(self(images), targets, label_smoothing=self.label_smoothing)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=len(targets))
+        # forward, not self(...): the module call's hook machinery is host time on every step (no hooks are set here)
+        loss = F.cross_entropy(self.forward(images), targets, label_smoothing=self.label_smoothing)
+        self.log_window_mean(loss)
         return loss
+
+    def log_window_mean(self, loss: torch.Tensor) -> None:
+        """``train/loss``: the mean loss of the steps since the last logged one, logged at the steps Lightning writes
+        (every ``log_every_n_steps``). A ``self.log`` costs a step more host time than a small model's GPU step
+        (docs/benchmarks.md, "Host time per step"); the running sum stays on the device: no read, no wait."""
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # a training_step called by hand: there is no log to write
+            return
+        step = trainer.global_step
+        if self._loss_window[2] != step and self._loss_window[2] is not None:  # logged at an earlier step: a new window
+            self._loss_window = (None, 0, None)
+        total, count, logged_at = self._loss_window
+        total = loss.detach() if total is None else total + loss.detach()
+        self._loss_window = (total, count + 1, logged_at)
+        every = trainer.log_every_n_steps
+        if every and ((step + 1) % every == 0 or trainer.should_stop or trainer.fast_dev_run):
+            self.log("train/loss", total / (count + 1), on_step=True, on_epoch=False)
+            self._loss_window = (total, count + 1, step)  # accumulated micro-batches of this step log again
 
     def evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for evaluation: with ``flip_test_time``, the mean over each image and its mirror image."""
@@ -171,7 +192,8 @@ class FashionMNISTClassifier(LightningModule):
         self.learning_rates, scheduler = self.lr_policy.apply(optimizer, self.batch_plan)
         self._configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
         rank_zero_info(self.start_block(optimizer))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        interval = "step" if self.learning_rates.per_step else "epoch"
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
     def on_train_start(self) -> None:
         """A resumed fit trains with the optimizer settings configured now, at the step it resumed from: Lightning
@@ -180,7 +202,7 @@ class FashionMNISTClassifier(LightningModule):
         scheduler = self.trainer.lr_scheduler_configs[0].scheduler
         for group, configured in zip(self.trainer.optimizers[0].param_groups, self._configured):
             group.update({k: v for k, v in configured.items() if k != "lr"})
-        continue_schedule(scheduler)
+        continue_schedule(scheduler, self.trainer.global_step)
 
     def start_block(self, optimizer: torch.optim.Optimizer) -> str:
         """The block rank 0 prints before training: the numbers users otherwise derive by hand."""

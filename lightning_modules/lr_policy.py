@@ -27,6 +27,12 @@ class LearningRates:
     warmup_start_lr: float
     schedule: str
 
+    @property
+    def per_step(self) -> bool:
+        """Whether the lr changes from step to step (warm-up, a decay): else stepping the schedule each optimizer step
+        is host time for nothing, and once an epoch does."""
+        return self.warmup_steps > 0 or self.schedule != "constant"
+
     def describe(self, plan: BatchPlan) -> str:
         return "\n".join([
             f"  learning rate   : base {self.base_lr:g} at batch {self.base_batch_size} -> {self.scaled_lr:g} "
@@ -86,9 +92,11 @@ class LRPolicy:
 
 
 
-def continue_schedule(scheduler: LambdaLR) -> None:
-    """After its optimizer's groups got new initial lrs: the schedule's base lrs follow them, and each group's lr is
-    the new base at the step the schedule is at (the product LambdaLR.step computes)."""
+def continue_schedule(scheduler: LambdaLR, step: int) -> None:
+    """After its optimizer's groups got new initial lrs: the schedule's base lrs follow them, the schedule is at
+    optimizer step ``step`` (whatever interval the checkpoint's schedule was stepped at), and each group's lr is the
+    new base at that step (the product LambdaLR.step computes)."""
     scheduler.base_lrs = [group["initial_lr"] for group in scheduler.optimizer.param_groups]
+    scheduler.last_epoch = step
     for group, base, factor in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-        group["lr"] = base * factor(scheduler.last_epoch)
+        group["lr"] = base * factor(step)
