@@ -24,8 +24,8 @@ PIXEL_STD = 0.3530
 
 def normalise(images: torch.Tensor) -> torch.Tensor:
     """uint8 pixels to the float inputs every network sees: scaled to [0, 1], then zero mean and unit variance over
-    the training set."""
-    return images.float().div_(255.0).sub_(PIXEL_MEAN).div_(PIXEL_STD)
+    the training set. Two in-place ops on the float copy (half the host time of four)."""
+    return images.float().mul_(1.0 / (255.0 * PIXEL_STD)).sub_(PIXEL_MEAN / PIXEL_STD)
 
 
 class FashionMNISTDataModule(LightningDataModule):
@@ -89,6 +89,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.val_set: Optional[InMemoryImages] = None  # the held-out images; None: validation is the test split
         self._train_loader: Optional[ResumableLoader] = None
         self._resume_position: Optional[Dict[str, int]] = None  # from a checkpoint, for the next train loader
+        self._position_checked: Optional[int] = None  # the epoch whose first batch check_position saw
         self.test_set: Optional[InMemoryImages] = None
         # DataLoader arguments for worker processes, from whatever runs this module (train.py: a timeout and a
         # worker_init_fn that ends the workers with their rank; JobFaults sets them in its setup hook)
@@ -181,7 +182,7 @@ class FashionMNISTDataModule(LightningDataModule):
         if self._resume_position is not None:
             loader.load_state_dict(self._resume_position)
             self._resume_position = None
-        self._train_loader = loader
+        self._train_loader, self._position_checked = loader, None
         return loader
 
     def _fitted_train_loader(self) -> Optional[ResumableLoader]:
@@ -198,6 +199,7 @@ class FashionMNISTDataModule(LightningDataModule):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         position, loader = state_dict.get("train_position"), self._fitted_train_loader()
+        self._position_checked = None
         if position is not None and loader is not None:
             loader.load_state_dict(position)
         else:
@@ -233,10 +235,14 @@ class FashionMNISTDataModule(LightningDataModule):
             return batch if trainer is None else trainer.precision_plugin.convert_input(batch)
         images, targets = batch
         if trainer is not None and trainer.training:
-            loader = self._fitted_train_loader()
+            epoch = trainer.current_epoch
+            # Where a loader can start out of step with Lightning's counters: its first batch of each epoch (both count
+            # one a batch after it); not every batch, whose host time is a budget.
+            loader = self._fitted_train_loader() if epoch != self._position_checked else None
             if loader is not None:  # the batch came from it: is it the one Lightning's counters expect?
-                check_position(loader, trainer.current_epoch,
-                               trainer.fit_loop.epoch_loop.batch_progress.current.ready, trainer.accumulate_grad_batches)
+                self._position_checked = epoch
+                check_position(loader, epoch, trainer.fit_loop.epoch_loop.batch_progress.current.ready,
+                               trainer.accumulate_grad_batches)
             if self.random_crop_padding or self.horizontal_flip:
                 images = self.augment(images, trainer)
         images = normalise(images)

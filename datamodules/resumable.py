@@ -7,8 +7,11 @@ The story: docs/reliability.md, "Exact resume".
 import itertools
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, DistributedSampler
+
+from datamodules.in_memory import already_batched
 
 
 class DataPositionWarning(UserWarning):
@@ -70,8 +73,26 @@ class ResumableLoader(DataLoader):
         self.warned = False
 
     def __iter__(self) -> Iterator:
-        iterator = super().__iter__()
-        return self._counted(iterator) if self.resumable else iterator
+        if not self.resumable:
+            return super().__iter__()
+        direct = self.num_workers == 0 and hasattr(self.dataset, "__getitems__") and self.collate_fn is already_batched
+        return self._gathered() if direct else self._counted(super().__iter__())
+
+    def _gathered(self) -> Iterator:
+        """Without workers, the DataLoader's own iterator is host time on every step (a sampler index at a time, a
+        list, its fetcher): the epoch's order becomes one index tensor here, and each batch is a slice of it and the
+        dataset's one gather; the same batches, in the same order, as the DataLoader's iterator."""
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        if getattr(self.dataset, "device", order.device).type == "cuda":
+            order = order.to(self.dataset.device)  # once an epoch: no index crosses the bus per step
+        epoch, skipped = self.sampler.started
+        size, gather = self.batch_size, self.dataset.__getitems__
+        for count, start in enumerate(range(0, len(order), size), skipped // size + 1):
+            if self.drop_last and start + size > len(order):
+                return
+            batch = gather(order[start:start + size])
+            self.position = (epoch, count)
+            yield [tensor.pin_memory() for tensor in batch] if self.pin_memory else batch
 
     def _counted(self, iterator: Iterator) -> Iterator:
         """The batches, the position updated as each leaves."""
