@@ -125,16 +125,15 @@ class TrainingLoss(Participant):
         self._steps = 0
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # Lightning's detached copy
         if torch.is_tensor(loss):
-            loss = loss.detach().float().reshape(())
-            self._sum = loss if self._sum is None else self._sum + loss
+            self._sum = loss.float() if self._sum is None else self._sum + loss
             self._steps += 1
 
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         if not self._steps:
             return torch.full((1,), math.nan, device=pl_module.device)
-        return (self._sum / self._steps).reshape(1).to(pl_module.device)
+        return (self._sum.float() / self._steps).reshape(1).to(pl_module.device)
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         means = [row[0] for row in rows if not math.isnan(row[0])]
