@@ -18,9 +18,12 @@ from fashion_mnist_dp.runtime import compat
 
 
 class HostClock:
-    """The host's monotonic clock: the device is the host, so a mark is its time, ready at once."""
+    """The host's monotonic clock: the device is the host, so a mark is its time, ready at once (read at the epoch's
+    end, not polled per step)."""
 
     shared_by_ranks = True  # one host: the ranks' marks compare, so wait is exact
+    polled = False  # its marks need no per-step poll: they are read when the epoch's figures are made
+    pooled = False  # a mark is a number: one can serve two batches (an end and the next one's data start)
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
@@ -40,25 +43,34 @@ class HostClock:
     def seconds(self, mark: float) -> float:
         return mark
 
+    def release(self, mark: float) -> None:
+        """A number: nothing to give back."""
+
 
 class CudaEvents:
     """Marks on the GPU's timeline: a timing CUDA event recorded on the current stream (where the step's kernels and
     DDP's wait for its all-reduce are queued). A mark is read, in seconds from the epoch's first event, only once
     ``query()`` says the GPU has passed it (a non-blocking poll); the epoch's last marks are read after ``wait``, at
-    the epoch's end, where the epoch's figures synchronise the device anyway. Each GPU's timeline is its own: the
+    the epoch's end, where the epoch's figures synchronise the device anyway. Events are made once and reused
+    (``release``): creating one per mark is host time on every timed step. Each GPU's timeline is its own: the
     ranks' marks do not compare, so wait is estimated (callbacks/step_time.py, ``split_wait``)."""
 
     shared_by_ranks = False
+    polled = True
+    pooled = True  # a mark is an event that goes back to the pool once read: each has one owner
 
     def __init__(self) -> None:
         self._origin: Optional[torch.cuda.Event] = None
+        self._free: List[torch.cuda.Event] = []
 
     def __call__(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
     def start_epoch(self) -> None:
+        if self._origin is not None:
+            self.release(self._origin)
         self._origin = self()
 
     def ready(self, mark: torch.cuda.Event) -> bool:
@@ -70,6 +82,9 @@ class CudaEvents:
     def seconds(self, mark: torch.cuda.Event) -> float:
         return self._origin.elapsed_time(mark) / 1000.0
 
+    def release(self, mark: torch.cuda.Event) -> None:
+        self._free.append(mark)
+
 
 def _marks_of(batch: dict) -> list:
     return [*batch["at"].values(), *(mark for span in batch["collectives"] for mark in span)]
@@ -77,28 +92,43 @@ def _marks_of(batch: dict) -> list:
 
 class StepTimer:
     """One rank's marks, from Lightning's hooks (ThroughputReport calls them) and :meth:`wrap`'s comm hook, on
-    a clock above, read once it is past them: on a GPU a step or more later."""
+    a clock above, read once it is past them: on a GPU a step or more later. ``sample_every`` n: only every n-th
+    batch of an epoch is timed (its marks, and the end of the batch before it for its data time); the others cost one
+    counter. Every batch on CPU ranks, where a mark is free; on GPUs, where each mark is an event recorded and
+    polled, the figures are the timed batches' scaled to all of them (:meth:`take_epoch`)."""
 
-    def __init__(self, clock: HostClock) -> None:
+    def __init__(self, clock: HostClock, sample_every: int = 1) -> None:
         self.clock = clock
+        self.sample_every = sample_every
         self.marks: List[StepMarks] = []
+        self.batches = 0  # in this epoch, timed or not
         self._pending: List[dict] = []  # batches ended, their marks not read yet, oldest first
         self._last_end = None
         self._current: Optional[dict] = None
 
     def start_epoch(self) -> None:
         self.clock.start_epoch()
-        self.marks, self._pending, self._current = [], [], None
+        self.marks, self._pending, self._current, self.batches = [], [], None, 0
         self._last_end = self.clock()
 
     def resume_after_pause(self) -> None:
         """Validation just ended: its time is no data wait."""
+        self._replace_last_end()
+
+    def _replace_last_end(self) -> None:
+        """A new start for the next timed batch's data time; the mark it replaces is no batch's (``batch_end``)."""
+        if self._last_end is not None and self.clock.pooled:
+            self.clock.release(self._last_end)
         self._last_end = self.clock()
 
     def batch_start(self, window: int = 0) -> None:
         if self._last_end is None:  # resumed mid-epoch: Lightning does not call on_train_epoch_start again
             self.start_epoch()
-        self._read()
+        if self.clock.polled:
+            self._read()
+        self.batches += 1
+        if (self.batches - 1) % self.sample_every:
+            return  # not timed
         self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
                          "buckets": 0, "gradient_bytes": 0, "collectives": []}
 
@@ -118,36 +148,53 @@ class StepTimer:
     def batch_end(self) -> None:
         if self._current is not None:
             self._mark("end")
-            self._last_end = self._current["at"]["end"]
+            # the next timed batch's data time starts here: its own mark where marks are pooled (one owner each)
+            self._last_end = self.clock() if self.clock.pooled else self._current["at"]["end"]
             self._pending.append(self._current)
             self._current = None
+        elif self.batches % self.sample_every == 0:  # the next batch is timed: its data time starts here
+            self._replace_last_end()
 
     def _read(self) -> None:
-        """The pending batches the clock is past, as StepMarks in seconds, oldest first (it passes them in order)."""
+        """The pending batches the clock is past, as StepMarks in seconds, oldest first (it passes them in order);
+        their marks go back to the clock."""
         while self._pending and all(map(self.clock.ready, _marks_of(self._pending[0]))):
             batch, read = self._pending.pop(0), self.clock.seconds
+            marks = _marks_of(batch)
             at = {name: read(mark) for name, mark in batch.pop("at").items()}
             batch["collectives"] = [(read(start), read(end)) for start, end in batch["collectives"]]
             previous_end = at.pop("previous_end")
             self.marks.append(StepMarks(data_s=at["start"] - previous_end, **at, **batch))
+            if self.clock.pooled:
+                for mark in {id(mark): mark for mark in marks}.values():  # first_launch may be arrival too
+                    self.clock.release(mark)
 
     def take_epoch(self) -> RankEpoch:
         """The epoch's summary, read to its last mark (at the epoch's end only); its batches' marks stay in ``marks``
-        until the next epoch starts."""
+        until the next epoch starts. Sampled: every part scaled from the timed batches to all of them."""
         if self._pending:
             self.clock.wait(self._pending[-1]["at"]["end"])
         self._read()
-        return summarise(self.marks)
+        epoch = summarise(self.marks)
+        timed = len(self.marks)
+        if self.sample_every > 1 and timed:
+            epoch.parts = {part: seconds * self.batches / timed for part, seconds in epoch.parts.items()}
+            epoch.overlapped_s *= self.batches / timed
+        return epoch
 
     def wrap(self, hook: Callable) -> Callable:
-        """A DDP communication hook that runs ``hook`` and marks when each bucket reached it; the future it returns is
-        ``hook``'s own."""
+        """A DDP communication hook that runs ``hook`` and marks when each bucket reached it on timed batches; the
+        future it returns is ``hook``'s own."""
 
         def timed(state, bucket):
-            now, current = self.clock(), self._current
+            current = self._current
             if current is not None:
-                current["at"].setdefault("first_launch", now)
-                current["at"]["arrival"] = now
+                now = self.clock()
+                at = current["at"]
+                at.setdefault("first_launch", now)
+                if "arrival" in at and at["arrival"] is not at["first_launch"] and self.clock.pooled:
+                    self.clock.release(at["arrival"])  # a later bucket's replaces it
+                at["arrival"] = now
                 current["buckets"] += 1
                 current["gradient_bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
             return hook(state, bucket)
@@ -171,6 +218,8 @@ class TimedCollective:
         return self.comm.allocate(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
+        if self.timer._current is None:  # a batch not timed
+            return self.comm(*args, **kwargs)
         start = self.timer.clock()
         work = self.comm(*args, **kwargs)
         self.timer.note_collective(start)

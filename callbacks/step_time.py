@@ -116,6 +116,7 @@ class Breakdown:
     algbw_gbps: Optional[float]  # gradient bytes per second of exposed comm, per step
     busbw_gbps: Optional[float]  # algbw · 2(n−1)/n (nccl-tests' all-reduce bus bandwidth)
     estimated: bool  # no shared clock (hosts, GPUs) or no one arrival (fsdp): transfer = the shortest rank's span
+    sampled_every: int = 1  # one batch in this many was timed, the parts scaled to all (CUDA ranks)
 
 
 def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
@@ -188,6 +189,7 @@ def metrics(result: Breakdown) -> Dict[str, float]:
               for part, seconds in parts.items()}
     values.update({f"time/step_std_s/rank{rank}": std for rank, std in enumerate(result.step_std_s)})
     values.update({"time/slowest_rank": result.slowest_rank, "time/slowest_lead": result.slowest_lead,
+                   "time/sampled_every": result.sampled_every,
                    "comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
     for key, value in (("comm/hidden_share", result.hidden_share), ("comm/algbw_gbps", result.algbw_gbps),
                        ("comm/busbw_gbps", result.busbw_gbps)):
@@ -204,6 +206,7 @@ def format_line(result: Breakdown) -> str:
     shares = {"compute": mean["forward"] + mean["backward"], **{p: mean[p] for p in PARTS[3:] + ("data",)}}
     order = ("compute", "comm", "wait", "data", "optimizer", "other")
     estimate = ", comm/wait estimated" if result.estimated else ""
+    estimate += f", 1 step in {result.sampled_every} timed" if result.sampled_every > 1 else ""
     return (f"Step time (slowest rank {result.slowest_rank}, {result.slowest_lead:+.0%} over the median{estimate}): "
             + ", ".join(f"{name} {shares[name] / wall:.0%}" for name in order)).replace("%", " %")
 

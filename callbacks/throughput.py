@@ -127,12 +127,17 @@ class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
-    def __init__(self, breakdown: Optional[bool] = None, check_every_n_steps: int = 50) -> None:
+    def __init__(self, breakdown: Optional[bool] = None, check_every_n_steps: int = 50,
+                 gpu_sample_every: int = 20) -> None:
         """``breakdown``: the per-rank step-time breakdown, per epoch and per window of ``check_every_n_steps``
         optimizer steps, the ranks' decision points (linked from ``--check_every_n_steps``). None: on CPU ranks, where
-        it costs nothing measurable, off on CUDA ranks, where it cost a small CNN 10-13 % of its images/sec
-        (docs/benchmarks.md); True: on both."""
+        it costs nothing measurable, off on CUDA ranks until its sampled form is measured there (docs/benchmarks.md);
+        True: on both. ``gpu_sample_every``: on CUDA ranks one batch in this many is timed (CUDA events, reused) and
+        the parts are scaled to all of them; the line and ``time/sampled_every`` say so. CPU ranks time every batch."""
+        if gpu_sample_every < 1:
+            raise MisconfigurationException(f"gpu_sample_every must be >= 1, got {gpu_sample_every}")
         self.breakdown = breakdown
+        self.gpu_sample_every = gpu_sample_every
         self.every = check_every_n_steps
         self.timer: Optional[StepTimer] = None  # set at setup when the breakdown runs
         self.clock = EpochClock()
@@ -149,7 +154,7 @@ class ThroughputReport(Callback):
         device = trainer.strategy.root_device.type
         wanted = self.breakdown if self.breakdown is not None else device == "cpu"
         if stage == "fit" and wanted and device in ("cpu", "cuda"):
-            self.timer = StepTimer(HostClock() if device == "cpu" else CudaEvents())
+            self.timer = StepTimer(HostClock()) if device == "cpu" else StepTimer(CudaEvents(), self.gpu_sample_every)
             step_marks.time_before_setup(self.timer, trainer.strategy)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -259,7 +264,9 @@ class ThroughputReport(Callback):
         for window, result in step_time.window_results(list(windows), self.timer.marks, vectors, epochs, same_clock):
             log_to_loggers(trainer, step_time.window_metrics(result),
                            step=min((window + 1) * self.every, trainer.global_step) - 1)
-        return step_time.combine(epochs, same_clock=same_clock)
+        result = step_time.combine(epochs, same_clock=same_clock)
+        result.sampled_every = self.timer.sample_every
+        return result
 
     def state_dict(self) -> dict:
         return {"cumulative_s": self.cumulative_s}

@@ -137,6 +137,7 @@ class LateClock(HostClock):
     ``lag`` marks later), and reading one it has not passed raises, as ``elapsed_time`` of a pending CUDA event does."""
 
     shared_by_ranks = False
+    polled = True  # as CudaEvents: its marks are polled at each batch's start
 
     def __init__(self, now=None, lag=None):
         super().__init__(now or time.monotonic)
