@@ -7,10 +7,11 @@ time and images/sec, validation loss and accuracy, and ``train/diverged`` when t
 test's figures are the ``test/*`` columns (:func:`read_latest`). docs/reporting.md."""
 
 import csv
+import io
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -37,6 +38,7 @@ class MetricsCSV(TensorBoardLogger):
         super().__init__(save_dir or "runs", name=name, version=version, default_hp_metric=default_hp_metric,
                          **kwargs)
         self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
+        self._written: Tuple[int, List[str], str] = (0, [], "")  # rows in the file, its columns, its text
 
     @property
     def path(self) -> Path:
@@ -52,18 +54,31 @@ class MetricsCSV(TensorBoardLogger):
 
     @rank_zero_only
     def save(self) -> None:
+        """Replace the file whole with every row. Lightning saves at every log step: only the rows since the last
+        save are formatted (the text before them is kept while the columns stay the same), so a save costs the new
+        rows and one write, not the whole run's rows again."""
         super().save()
-        if not self.rows:
+        count, columns, text = self._written
+        if not self.rows or count == len(self.rows):
             return
-        columns = list(dict.fromkeys(key for row in self.rows for key in row))
-        columns = ["step", "epoch"] + [c for c in columns if c not in ("step", "epoch")]
+        new = self.rows[count:]
+        if not count or not {key for row in new for key in row} <= set(columns):
+            columns = list(dict.fromkeys(key for row in self.rows for key in row))
+            columns = ["step", "epoch"] + [c for c in columns if c not in ("step", "epoch")]
+            new, text = self.rows, ""
+        buffer = io.StringIO(text)
+        buffer.seek(len(text))
+        writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\r\n")
+        if not text:
+            writer.writeheader()
+        writer.writerows(new)
+        text = buffer.getvalue()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(f".{FILE_NAME}.tmp-{os.getpid()}")
         with open(partial, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(self.rows)
+            handle.write(text)
         os.replace(partial, self.path)
+        self._written = (len(self.rows), columns, text)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
