@@ -74,6 +74,7 @@ class FashionMNISTCLI(LightningCLI):
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
         self._batch_limits = integer_batch_limits(args, [str(DEFAULT_CONFIG)])
         self._resumed, self._stored, self._given = resume.Resume(), {}, checkpoint_hparams.given_keys(args)
+        self._lr_origin = getattr(args, "lr_origin", None)  # shorthand's: a network's or optimizer's known-good lr
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -119,7 +120,16 @@ class FashionMNISTCLI(LightningCLI):
         except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
             raise errors.ConfigError(errors.one_line(error)) from error
         if hasattr(self.model, "start_notes"):
-            self.model.start_notes = [*self._notes, *runtime.safety_off(self.trainer)]
+            self.model.start_notes = [self._lr_note(), *self._notes, *runtime.safety_off(self.trainer)]
+
+    def _lr_note(self) -> str:
+        """Where the base lr came from: the user's flag or file, a shipped network's or optimizer's known-good lr, or
+        configs/default.yaml."""
+        origin = self._lr_origin
+        if origin is None or origin.startswith("the config"):
+            given = "model.optimizer.init_args.lr" in self._given
+            origin = "a --config file or flag" if given else f"{DEFAULT_CONFIG.parent.name}/{DEFAULT_CONFIG.name}"
+        return f"  lr from         : {origin}"
 
     def _before_launch(self) -> None:
         """In the launching process, before any rank or process group exists: output folders, the checkpoint, the
@@ -159,7 +169,7 @@ def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
     except ValueError as error:
         raise errors.ConfigError(str(error)) from error
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
-    return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=list(args),
+    return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=args,
                            parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},
                            save_config_kwargs={"overwrite": True})
 

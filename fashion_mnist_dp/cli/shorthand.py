@@ -1,7 +1,7 @@
 """The workshop's command line (``--strategy ddp --devices 4``) rewritten to LightningCLI's (``fit --trainer.strategy
 ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcommands keep their meaning."""
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from fashion_mnist_dp.runtime.errors import ShorthandError
 
@@ -55,6 +55,9 @@ CLASS_NAMES: Dict[str, Dict[str, str]] = {
 # ``--lr`` sets it, since a new class keeps the old one's lr (SGD's 0.05 leaves AdamW at 45.5 % after 40 steps).
 # Measured in docs/cli.md, "Your own network or optimizer".
 KNOWN_GOOD_LR: Dict[str, str] = {"sgd": "0.05", "adamw": "0.001", "novograd": "0.01", "lamb": "0.005", "lars": "0.5"}
+# A shipped network whose recipe needs another lr brings it, per optimizer (the default config's is sgd): it wins over
+# the optimizer's own. wrn diverges at SGD's 0.05 (docs/cli.md, "Your own network or optimizer").
+NETWORK_LR: Dict[Tuple[str, str], str] = {("wrn", "sgd"): "0.005"}
 SHORT_NAME: Dict[str, str] = {path: name for names in CLASS_NAMES.values() for name, path in names.items()}
 
 
@@ -97,7 +100,7 @@ def find_subcommand(args: Sequence[str]) -> Optional[str]:
     return None
 
 
-def expand_args(argv: Sequence[str]) -> List[str]:
+def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
     """Add ``fit`` when no subcommand is given and rewrite shorthand flags to their full keys in place.
 
     Giving a shorthand and its full key with different values is an error: which
@@ -139,15 +142,31 @@ def expand_args(argv: Sequence[str]) -> List[str]:
     return with_known_good_lr(expanded, given)
 
 
-def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> List[str]:
-    """After a shipped optimizer's class path, its known-good base lr, unless an lr is given (a later flag or
-    ``--config`` still wins: it comes after)."""
-    optimizer, lr = SHORTHAND["--optimizer"], SHORTHAND["--lr"]
-    if lr in given or optimizer not in given:
-        return expanded
-    chosen = SHORT_NAME.get(given[optimizer][-1][1])
-    if chosen is None:
-        return expanded
-    at = max(i for i, token in enumerate(expanded) if token == optimizer) + 2
-    return [*expanded[:at], lr, KNOWN_GOOD_LR[chosen], *expanded[at:]]
+class ExpandedArgs(list):
+    """The expanded command line, and where its base lr comes from (``lr_origin``, for the start block)."""
+
+    lr_origin: str = "the config (model.optimizer.init_args.lr)"
+
+
+def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> ExpandedArgs:
+    """Unless an lr is given: after a shipped network's or optimizer's class path, the known-good base lr of that
+    network with that optimizer (``NETWORK_LR``), else of the optimizer (``KNOWN_GOOD_LR``). A later flag or
+    ``--config`` still wins: it comes after. Precedence: the user's lr, the network's, the optimizer's."""
+    network, optimizer, lr = SHORTHAND["--network"], SHORTHAND["--optimizer"], SHORTHAND["--lr"]
+    result = ExpandedArgs(expanded)
+    if lr in given:
+        result.lr_origin = f"{given[lr][-1][0]} {given[lr][-1][1]}"
+        return result
+    chosen = {key: SHORT_NAME.get(given[key][-1][1]) for key in (network, optimizer) if key in given}
+    pair = (chosen.get(network), chosen.get(optimizer, "sgd" if optimizer not in given else None))
+    if pair in NETWORK_LR:
+        value, origin, after = NETWORK_LR[pair], f"{pair[0]}'s known-good lr with {pair[1]}", (network, optimizer)
+    elif chosen.get(optimizer) is not None:
+        value, origin, after = KNOWN_GOOD_LR[chosen[optimizer]], f"{chosen[optimizer]}'s known-good lr", (optimizer,)
+    else:
+        return result
+    at = max(i for i, token in enumerate(expanded) if token in after) + 2
+    result[:] = [*expanded[:at], lr, value, *expanded[at:]]
+    result.lr_origin = f"{origin} (--lr sets another)"
+    return result
 

@@ -8,7 +8,7 @@ import pytest
 
 from fashion_mnist_dp.cli.app import main
 from benchmarks.launch import REPO
-from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, KNOWN_GOOD_LR, SHORTHAND_TABLE
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, KNOWN_GOOD_LR, NETWORK_LR, SHORTHAND_TABLE
 
 COMMANDS = [line.strip() for name in ("README.md", "docs/cli.md") for line in (REPO / name).read_text().splitlines()
             if line.strip().startswith("python train.py")]
@@ -22,8 +22,10 @@ def test_the_shorthand_table_in_docs_cli_is_the_one_the_code_uses():
 
 def test_the_short_name_tables_in_docs_cli_are_the_ones_the_code_uses():
     text = (REPO / "docs/cli.md").read_text()
-    networks = dict(re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \|$", text, re.M))
-    optimizers = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \| ([\d.]+) \|", text, re.M)
+    network_rows = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \| ([\d.]*) ?\|$", text, re.M)
+    networks = {name: path for name, path, _ in network_rows}
+    assert {(name, "sgd"): lr for name, _, lr in network_rows if lr} == NETWORK_LR
+    optimizers = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \| ([\d.]+) \| [\d.]+ %", text, re.M)
     assert networks == CLASS_NAMES["--model.network"]
     assert {name: path for name, path, _ in optimizers} == CLASS_NAMES["--model.optimizer"]
     assert {name: lr for name, _, lr in optimizers} == KNOWN_GOOD_LR

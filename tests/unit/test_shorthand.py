@@ -2,7 +2,8 @@
 
 import pytest
 
-from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, KNOWN_GOOD_LR, SHORTHAND, expand_args, find_subcommand
+from fashion_mnist_dp.cli.shorthand import (CLASS_NAMES, KNOWN_GOOD_LR, NETWORK_LR, SHORTHAND, expand_args,
+                                            find_subcommand)
 from fashion_mnist_dp.runtime.errors import ShorthandError
 
 
@@ -43,6 +44,19 @@ def test_a_shipped_optimizer_comes_with_its_known_good_lr_unless_an_lr_is_given(
                                                                    lr, "0.02"]
     assert expand_args(["--optimizer", "my.Optimizer"]) == ["fit", "--model.optimizer", "my.Optimizer"]
     assert set(KNOWN_GOOD_LR) == set(CLASS_NAMES["--model.optimizer"])
+
+
+def test_a_shipped_network_brings_its_lr_over_the_optimizers_and_under_the_users():
+    lr, wrn = "--model.optimizer.init_args.lr", "lightning_modules.networks.WideResNet"
+    expanded = expand_args(["--network", "wrn"])
+    assert expanded == ["fit", "--model.network", wrn, lr, NETWORK_LR[("wrn", "sgd")]]
+    assert expanded.lr_origin == "wrn's known-good lr with sgd (--lr sets another)"
+    assert expand_args(["--network", "wrn", "--optimizer", "sgd"])[-2:] == [lr, NETWORK_LR[("wrn", "sgd")]]
+    assert expand_args(["--network", "wrn", "--optimizer", "adamw"])[-2:] == [lr, KNOWN_GOOD_LR["adamw"]]  # no pair
+    given = expand_args(["--network", "wrn", "--lr", "0.02"])
+    assert given == ["fit", "--model.network", wrn, lr, "0.02"] and given.lr_origin == "--lr 0.02"
+    assert expand_args(["--network", "cnn"]) == ["fit", "--model.network", "lightning_modules.networks.SmallCNN"]
+    assert expand_args(["--epochs", "1"]).lr_origin.startswith("the config")
 
 
 def test_explicit_subcommand_and_full_keys_are_left_alone():
