@@ -82,7 +82,8 @@ class StepWindow(Callback):
                 self._profiler.disable()
                 self._profiler.dump_stats(os.environ["HOST_TIME_PROFILE"])
             subs = [(b - a) / SUB_WINDOW * 1e6 for a, b in zip([self._start] + self._marks, self._marks)]
-            _write(elapsed / self.steps * 1e6, {"best_sub_window": min(subs)})
+            import torch
+            _write(elapsed / self.steps * 1e6, {"best_sub_window": min(subs), "threads": torch.get_num_threads()})
             self._start = None
 
 

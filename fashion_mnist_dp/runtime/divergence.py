@@ -49,12 +49,14 @@ def first_non_finite(tensors: Sequence[Optional[torch.Tensor]], device: Optional
     return torch.where(bad.any(), bad.int().argmax(), -1)
 
 
-def gradient_norms(params: Sequence[torch.nn.Parameter], device: torch.device) -> torch.Tensor:
-    """Each parameter's gradient 2-norm (:func:`tensor_norms`): what the guard keeps of a step, per step."""
+def gradient_norms(params: Sequence[torch.nn.Parameter], device: torch.device) -> Sequence[torch.Tensor]:
+    """Each parameter's gradient 2-norm (:func:`tensor_norms`), as the scalars one fused ``_foreach_norm`` returns
+    (stacked at the decision point, not per step). float32 gradients take the fast path (asking for a float32 result
+    costs a copy); others, e.g. bf16-true, are normed in float32 so a finite gradient cannot overflow."""
     grads = [p.grad for p in params]
-    if not any(g is None or type(g) is not torch.Tensor for g in grads):  # the common case: one call, no Python loop
-        return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
-    return tensor_norms(grads, device)
+    if all(type(g) is torch.Tensor and g.dtype is torch.float32 for g in grads):  # the common case: one call
+        return torch._foreach_norm(grads, 2)
+    return list(tensor_norms(grads, device).unbind())
 
 
 def past_warmup(epochs_done: float, warmup_epochs: float, epochs_after_warmup: float) -> bool:
@@ -114,7 +116,7 @@ class DivergenceGuard(Participant):
         self._params: List[torch.nn.Parameter] = []  # taken once the strategy has wrapped (fsdp: sharded) the model
         self._gradients_checked = True
         self._stepped = False
-        self._norms: Optional[torch.Tensor] = None  # this batch's gradient norms, one per parameter
+        self._norms: Optional[Sequence[torch.Tensor]] = None  # this batch's gradient norms, one per parameter
         self._window: List[tuple] = []  # (step, loss, gradient norms or None) per batch since the last point
         self._first: Optional[torch.Tensor] = None  # [step, loss nan, loss inf, gradient bad, gradient index]
 
@@ -144,12 +146,13 @@ class DivergenceGuard(Participant):
         if not window:
             return
         zero = torch.zeros((), device=device)
-        losses = torch.stack([zero if loss is None else loss.detach().reshape(()).float() for _, loss, _ in window])
+        losses = torch.stack([zero if loss is None else loss.reshape(()) for _, loss, _ in window]).float()
         width = len(self._params)
-        no_norms = torch.zeros(width, device=device)
-        norms = torch.stack([no_norms if n is None else n for _, _, n in window]) if width else None
-        gradient_bad = (~torch.isfinite(norms)) if norms is not None else torch.zeros(len(window), 0, dtype=torch.bool,
-                                                                                       device=device)
+        missing = [zero] * width
+        norms = torch.stack([n for _, _, row in window for n in (missing if row is None else row)]).float() \
+            if width else None
+        gradient_bad = (~torch.isfinite(norms)).view(len(window), width) if norms is not None else \
+            torch.zeros(len(window), 0, dtype=torch.bool, device=device)
         loss_nan, loss_inf = torch.isnan(losses), torch.isinf(losses)
         row_bad = loss_nan | loss_inf | gradient_bad.any(dim=1)
         first_row = row_bad.int().argmax()
