@@ -100,6 +100,7 @@ class StepTimer:
     def __init__(self, clock: HostClock, sample_every: int = 1) -> None:
         self.clock = clock
         self.sample_every = sample_every
+        self.paused = False  # no batch timed while set (benchmarks/breakdown_windows.py: its cost in one process)
         self.marks: List[StepMarks] = []
         self.batches = 0  # in this epoch, timed or not
         self._pending: List[dict] = []  # batches ended, their marks not read yet, oldest first
@@ -127,7 +128,7 @@ class StepTimer:
         if self.clock.polled:
             self._read()
         self.batches += 1
-        if (self.batches - 1) % self.sample_every:
+        if (self.batches - 1) % self.sample_every or self.paused:
             return  # not timed
         self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
                          "buckets": 0, "gradient_bytes": 0, "collectives": []}
@@ -152,7 +153,7 @@ class StepTimer:
             self._last_end = self.clock() if self.clock.pooled else self._current["at"]["end"]
             self._pending.append(self._current)
             self._current = None
-        elif self.batches % self.sample_every == 0:  # the next batch is timed: its data time starts here
+        elif self.batches % self.sample_every == 0 and not self.paused:  # the next batch is timed: data from here
             self._replace_last_end()
 
     def _read(self) -> None:

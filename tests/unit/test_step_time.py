@@ -265,3 +265,67 @@ def test_a_timer_that_starts_mid_epoch_as_a_resumed_run_does_counts_no_data_wait
     timer.before_backward(), timer.after_backward(), timer.before_optimizer(), timer.batch_end()
     epoch = timer.take_epoch()
     assert epoch.parts["data"] == 0 and epoch.parts["backward"] == pytest.approx(0.1) and len(timer.marks) == 1
+
+
+class PooledMark:
+    def __init__(self, at):
+        self.at, self.free = at, False
+
+
+class PooledClock(HostClock):
+    """CudaEvents' bookkeeping on the host: marks polled at each batch's start and given back to a pool once read;
+    reading a mark that is back in the pool, or giving one back twice, fails the test (a reused event would hold
+    another batch's time)."""
+
+    polled, pooled = True, True
+
+    def __init__(self, times):
+        super().__init__(lambda: next(times))
+        self.free, self.made = [], 0
+
+    def __call__(self):
+        mark = self.free.pop() if self.free else PooledMark(None)
+        self.made += 0 if mark.at is not None or mark.free else 1
+        mark.at, mark.free = self.now(), False
+        return mark
+
+    def seconds(self, mark):
+        assert not mark.free, "read a mark already given back"
+        return mark.at
+
+    def release(self, mark):
+        assert not mark.free, "gave a mark back twice"
+        mark.free = True
+        self.free.append(mark)
+
+
+def test_on_a_gpu_one_batch_in_n_is_timed_from_the_end_of_the_batch_before_it_and_scaled_to_all_of_them():
+    """The breakdown's GPU design on a scripted clock: with ``sample_every`` 3, batches 1, 4 and 7 of 7 are timed (5
+    marks each, and one where the batch before ends), the others cost no mark; the parts are the timed batches' × 7/3;
+    marks go back to the pool once read, so the clock makes a handful, not 5 per batch."""
+    times = iter([float(t) for t in range(1000)])
+    clock = PooledClock(times)
+    timer = StepTimer(clock=clock, sample_every=3)
+    timer.start_epoch()  # 0: the epoch's origin is the first batch's data start
+    for batch in range(7):
+        timer.batch_start()
+        timer.before_backward(), timer.after_backward(), timer.before_optimizer()
+        timer.batch_end()
+    epoch = timer.take_epoch()
+    assert len(timer.marks) == 3 and timer.batches == 7
+    assert [m.data_s for m in timer.marks] == [1.0, 1.0, 1.0]  # from the untimed batch's end, not the last timed one
+    assert all(m.end - m.start == 4.0 for m in timer.marks)  # start, before/after backward, before optimizer, end
+    assert epoch.parts["data"] == pytest.approx(3 * 7 / 3) and epoch.parts["forward"] == pytest.approx(7)
+    assert clock.made <= 12
+
+
+def test_a_paused_timer_times_nothing_and_resumes_at_the_next_sampled_batch():
+    timer = StepTimer(clock=HostClock(), sample_every=2)
+    timer.start_epoch()
+    timer.paused = True
+    for _ in range(4):
+        timer.batch_start(), timer.batch_end()
+    timer.paused = False
+    for _ in range(4):
+        timer.batch_start(), timer.batch_end()
+    assert len(timer.take_epoch().spans) == 0 and len(timer.marks) == 2 and timer.batches == 8
