@@ -8,8 +8,19 @@
 #       typeshed_client==2.15.0 torch-optimizer==0.3.0 pytorch-ranger==0.1.1 HolisticTraceAnalysis==0.5.0 plotly==7.1.0
 #   for f in ../shared/data/FashionMNIST/raw/*; do gzip -c $f > .gpu/data/FashionMNIST/raw/$(basename $f).gz; done
 #
-# then run with carry [".gpu"], one or more stages per call (a call must end inside the device's 10-minute limit):
-#   bash benchmarks/gpu_session.sh tests     # the GPU-only tests: sync-free step (breakdown on), CudaEvents, dp, fast path
+# then run with carry [".gpu"], one or more stages per call (a call must end inside the device's 10-minute limit); each
+# stage has a hard timeout of its own (seconds below), so that the first three fit 15 minutes of device time:
+#   bash benchmarks/gpu_session.sh tests     # 120 s: GPU-only tests: sync-free step (breakdown on), CudaEvents, dp, fast path
+#   bash benchmarks/gpu_session.sh p1        # 300 s: host time per step on the GPU (benchmarks/host_time.py): bare loop
+#                                            #   and train.py, cnn at batch 128 and 512, fp32 and bf16-mixed; the four
+#                                            #   rows of the host-time table at batch 128 fp32
+#   bash benchmarks/gpu_session.sh windows   # 240 s: the breakdown's cost in one process, 20 + 20 alternating windows
+#                                            #   of 200 steps, sampled on / paused, fp32 and bf16 (breakdown_windows.py)
+#   bash benchmarks/gpu_session.sh syncs     # = trace below: synchronising CUDA calls, breakdown on and off
+# and, when a GPU is lent again:
+#   bash benchmarks/gpu_session.sh compile   # 480 s: torch.compile (default, reduce-overhead) against eager, cnn and
+#                                            #   gpu_cnn, compile time in the first step, TORCH_LOGS=recompiles
+#   bash benchmarks/gpu_session.sh record    # 480 s: configs/recipes/fast_gpu.yaml, 3 seeds (goal: 94 % in <= 2 s)
 #   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
@@ -28,11 +39,29 @@ for f in .gpu/data/FashionMNIST/raw/*.gz; do gunzip -c "$f" > $data/FashionMNIST
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 FASHION_MNIST_DIR=$data
 { nvidia-smi -L; python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } \
     | tee "$out/machine.txt"
+limit() { timeout --kill-after=10 "$@"; }  # each stage's hard limit; the device keeps its own 10-minute one
 for stage in "${@:-tests}"; do
     case "$stage" in
-        tests) python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py tests/unit/test_step_time.py \
+        p1) for precision in 32-true bf16-mixed; do for batch in 128 512; do
+                limit 70 python3 -m benchmarks.host_time --accelerator gpu --network cnn --batch_size $batch \
+                    --precision $precision --rows bare,train.py --repeats 2 2>&1 | tail -7 | tee -a "$out/p1.txt"
+            done; done
+            limit 100 python3 -m benchmarks.host_time --accelerator gpu --repeats 2 2>&1 | tail -9 | tee -a "$out/p1.txt" ;;
+        windows) for precision in 32-true bf16-mixed; do
+                     limit 120 python3 -m benchmarks.breakdown_windows --accelerator gpu --precision $precision \
+                         --timeout 110 2>&1 | tail -2 | tee -a "$out/windows.txt"
+                 done ;;
+        compile) for network in cnn gpu_cnn; do for mode in false true reduce-overhead; do
+                     TORCH_LOGS=recompiles limit 75 python3 train.py --accelerator gpu --network $network \
+                         --model.compile $mode --precision bf16-mixed --epochs 2 --test_after_fit false \
+                         --trainer.default_root_dir /tmp/compile-runs 2>&1 | grep -E "First training step|Epoch|[Rr]ecompil" \
+                         | sed "s/^/$network compile=$mode: /" | tee -a "$out/compile.txt"
+                 done; done ;;
+        record) limit 470 python3 -m benchmarks.recipe_runs configs/recipes/fast_gpu.yaml --runs 3 2>&1 \
+                    | tee "$out/record.txt" ;;
+        tests) limit 120 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py tests/unit/test_step_time.py \
                    tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
-        trace) for precision in 32-true bf16-mixed; do
+        trace|syncs) for precision in 32-true bf16-mixed; do
                    python3 -m benchmarks.gpu_trace --precision $precision 2>&1 | grep -v "^Parsed\|^leaving\|INFO" \
                        | tee -a "$out/trace.txt"
                done ;;
@@ -44,6 +73,7 @@ for stage in "${@:-tests}"; do
                  --on="--trainer.callbacks+=callbacks.WeightEMA" \
                  --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
                  2>&1 | tee "$out/ema.txt" ;;
-        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, trace, cost, cost16 or ema" >&2; exit 2 ;;
+        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record, cost," \
+                "cost16 or ema" >&2; exit 2 ;;
     esac
 done

@@ -1,6 +1,7 @@
 """Host time per training step (`make bench`): train.py against Lightning's own dispatch, with a near-zero network.
 
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.host_time [--repeats 5] [--profile]
+    ... --accelerator gpu --network cnn --batch_size 512 --precision bf16-mixed   # the same rows on a GPU (P1)
 
 With ``lightning_modules.networks.MLP`` of 8 hidden units (6.4 K parameters), batch 128, one thread, what is left of
 a step is host work: the regime of a small model's GPU step, whose time is bound by the Python around it. Four rows,
@@ -13,7 +14,8 @@ each in its own process, run in interleaved order (a, b, c, d, then d, c, b, a, 
               callback on), on the Fashion-MNIST files of ``$FASHION_MNIST_DIR``.
 
 Each row times optimizer steps [skip, skip + steps) of its second epoch (no start-up, validation or epoch end inside
-the window) with :class:`StepWindow`, the same callback in the three Lightning rows. ``--profile`` runs train.py once
+the window; fewer than 400 steps when an epoch is shorter) with :class:`StepWindow`, the same callback in the three
+Lightning rows; on a GPU the device is synchronised at the window's two ends. ``--profile`` runs train.py once
 under cProfile over the same window and sums the time per callback and per module (``attribute``).
 """
 
@@ -32,15 +34,33 @@ from typing import Dict, List, Optional
 from benchmarks import launch
 from benchmarks.tables import markdown_table, median_range
 
-BATCH, HIDDEN, SKIP, STEPS, EPOCH = 128, 8, 20, 400, 1
+HIDDEN, SKIP, STEPS, EPOCH, TRAIN_IMAGES = 8, 20, 400, 1, 60000
 SUB_WINDOW = 50  # steps: each holds one decision point (check_every_n_steps) and one log step
 ROWS = ("bare", "lightning", "reference", "train.py")
 GOAL = 1.25  # train.py / reference, the issue's goal
-NETWORK_FLAGS = ["--network", "mlp", "--model.network.init_args.hidden", str(HIDDEN)]
+DEFAULT_SETTING = {"network": "mlp8", "batch_size": 128, "accelerator": "cpu", "precision": "32-true"}
 
 
 def _window_file() -> Path:
     return Path(os.environ["HOST_TIME_OUT"])
+
+
+def setting() -> dict:
+    """What every row runs: the network (``mlp8``: MLP with 8 hidden units; else a ``--network`` short name), the
+    batch, the accelerator and the precision; passed to each row's process in ``$HOST_TIME_SETTING``."""
+    return {**DEFAULT_SETTING, **json.loads(os.environ.get("HOST_TIME_SETTING", "{}"))}
+
+
+def window_steps(batch_size: int) -> int:
+    """Steps timed: 400, or what an epoch holds after the skipped ones and before its last batch."""
+    return min(STEPS, TRAIN_IMAGES // batch_size - SKIP - 1)
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and setting()["accelerator"] in ("gpu", "cuda"):
+        torch.cuda.synchronize()
 
 
 def _write(us_per_step: float, extra: Optional[dict] = None) -> None:
@@ -57,8 +77,9 @@ class StepWindow(Callback):
     """Times batches [skip, skip + steps) of epoch ``epoch`` between their ``on_train_batch_start`` hooks and writes
     µs/step to ``$HOST_TIME_OUT``; with ``$HOST_TIME_PROFILE`` set, profiles the same window into that file."""
 
-    def __init__(self, skip: int = SKIP, steps: int = STEPS, epoch: int = EPOCH) -> None:
-        self.skip, self.steps, self.epoch = skip, steps, epoch
+    def __init__(self, skip: int = SKIP, steps: Optional[int] = None, epoch: int = EPOCH) -> None:
+        self.skip, self.epoch = skip, epoch
+        self.steps = steps or window_steps(setting()["batch_size"])
         self._start: Optional[float] = None
         self._marks: List[float] = []
         self._profiler: Optional[cProfile.Profile] = None
@@ -72,11 +93,10 @@ class StepWindow(Callback):
             if os.environ.get("HOST_TIME_PROFILE"):
                 self._profiler = cProfile.Profile()
                 self._profiler.enable()
-            if os.environ.get("HOST_TIME_NO_GC"):
-                import gc
-                gc.disable()
+            _sync()
             self._start = time.perf_counter()
         elif batch_idx == self.skip + self.steps and self._start is not None:
+            _sync()
             elapsed = time.perf_counter() - self._start
             if self._profiler is not None:
                 self._profiler.disable()
@@ -87,12 +107,12 @@ class StepWindow(Callback):
             self._start = None
 
 
-def _batches(n: int):
+def _batches(n: int, device: str = "cpu"):
     import torch
 
-    generator = torch.Generator().manual_seed(0)
-    return [((torch.rand(BATCH, 1, 28, 28, generator=generator) - 0.29) / 0.35,
-             torch.randint(0, 10, (BATCH,), generator=generator)) for _ in range(n)]
+    generator, size = torch.Generator().manual_seed(0), setting()["batch_size"]
+    return [(((torch.rand(size, 1, 28, 28, generator=generator) - 0.29) / 0.35).to(device),
+             torch.randint(0, 10, (size,), generator=generator).to(device)) for _ in range(n)]
 
 
 class Batches:
@@ -111,7 +131,19 @@ class Batches:
 def _network():
     from lightning_modules.networks import MLP
 
-    return MLP(hidden=HIDDEN)
+    name = setting()["network"]
+    if name == "mlp8":
+        return MLP(hidden=HIDDEN)
+    from benchmarks.speed import named_class
+
+    return named_class("--model.network", name)()
+
+
+def _train_py_flags(chosen: dict) -> List[str]:
+    network = ["--network", "mlp", "--model.network.init_args.hidden", str(HIDDEN)] if chosen["network"] == "mlp8" \
+        else ["--network", chosen["network"]]
+    return [*network, "--batch_size", str(chosen["batch_size"]), "--accelerator", chosen["accelerator"],
+            "--precision", chosen["precision"]]
 
 
 def _sgd(parameters):
@@ -125,16 +157,23 @@ def run_bare() -> None:
     import torch.nn.functional as F
 
     torch.manual_seed(0)
-    model, batches = _network(), _batches(SKIP + STEPS + 10)
+    chosen, steps = setting(), window_steps(setting()["batch_size"])
+    device = "cuda" if chosen["accelerator"] in ("gpu", "cuda") else "cpu"
+    model, batches = _network().to(device), _batches(SKIP + steps + 10, device)
     optimizer = _sgd(model.parameters())
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=chosen["precision"] == "bf16-mixed")
     for epoch in range(EPOCH + 1):
         for index, (images, targets) in enumerate(batches):
-            if epoch == EPOCH and index == SKIP:
-                start = time.perf_counter()
-            if epoch == EPOCH and index == SKIP + STEPS:
-                _write((time.perf_counter() - start) / STEPS * 1e6)
+            if epoch == EPOCH and index in (SKIP, SKIP + steps):
+                _sync()
+                if index == SKIP:
+                    start = time.perf_counter()
+                else:
+                    _write((time.perf_counter() - start) / steps * 1e6)
             optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(images), targets).backward()
+            with autocast:
+                loss = F.cross_entropy(model(images), targets)
+            loss.backward()
             optimizer.step()
 
 
@@ -157,22 +196,25 @@ def run_lightning(reference: bool) -> None:
             return _sgd(self.parameters())
 
     torch.manual_seed(0)
+    chosen = setting()
     callbacks: List[Callback] = [StepWindow()] + ([Callback() for _ in range(20)] if reference else [])
     with tempfile.TemporaryDirectory() as logs:
-        trainer = Trainer(accelerator="cpu", devices=1, max_epochs=EPOCH + 1, callbacks=callbacks,
+        trainer = Trainer(accelerator=chosen["accelerator"], devices=1, precision=chosen["precision"],
+                          max_epochs=EPOCH + 1, callbacks=callbacks,
                           logger=CSVLogger(logs) if reference else False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
-        trainer.fit(Minimal(), train_dataloaders=Batches(_batches(SKIP + STEPS + 10)))
+        batches = _batches(SKIP + window_steps(chosen["batch_size"]) + 10)
+        trainer.fit(Minimal(), train_dataloaders=Batches(batches))
 
 
-def measure(row: str, profile: Optional[Path] = None) -> Dict[str, float]:
-    """One process of ``row``; its µs/step."""
+def measure(row: str, chosen: dict, profile: Optional[Path] = None) -> Dict[str, float]:
+    """One process of ``row`` in setting ``chosen``; its µs/step."""
     with tempfile.TemporaryDirectory(prefix="host-time-") as folder:
         out = Path(folder) / "window.json"
-        env = launch.clean_env({"HOST_TIME_OUT": str(out), **({"HOST_TIME_PROFILE": str(profile)} if profile else {})},
-                               keep_data_dir=True)
+        env = launch.clean_env({"HOST_TIME_OUT": str(out), "HOST_TIME_SETTING": json.dumps(chosen),
+                                **({"HOST_TIME_PROFILE": str(profile)} if profile else {})}, keep_data_dir=True)
         if row == "train.py":
-            args = [*NETWORK_FLAGS, "--epochs", str(EPOCH + 1), "--test_after_fit", "false",
+            args = [*_train_py_flags(chosen), "--epochs", str(EPOCH + 1), "--test_after_fit", "false",
                     "--trainer.callbacks+=benchmarks.host_time.StepWindow"]
             finished = launch.run_train(args, Path(folder), 600, env)
         else:
@@ -187,7 +229,7 @@ def measure(row: str, profile: Optional[Path] = None) -> Dict[str, float]:
         return json.loads(out.read_text())
 
 
-def attribute(profile: Path, top: int = 12) -> str:
+def attribute(profile: Path, steps: int, top: int = 12) -> str:
     """The profiled window's time, in µs per step: per callback class and per module of the repository (inclusive
     time of each hook and of each top-level function), and the top functions by own time."""
     stats = pstats.Stats(str(profile)).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
@@ -208,7 +250,7 @@ def attribute(profile: Path, top: int = 12) -> str:
     own = sorted(((v[2], f"{Path(k[0]).name}:{k[1]} {k[2]}") for k, v in stats.items()), reverse=True)[:top]
     hooks = sorted(((v[3], f"{Path(k[0]).name}:{k[1]} {k[2]}") for k, v in stats.items()
                     if ours(k[0]) and k[2].startswith(("on_", "training_step"))), reverse=True)[:top]
-    per_step = 1e6 / STEPS
+    per_step = 1e6 / steps
     lines = ["Own time per module (µs/step):", markdown_table(["module", "µs/step"],
                                                               [[m, f"{s * per_step:.0f}"] for m, s in rows]),
              "", "Our hooks, inclusive (µs/step):",
@@ -222,6 +264,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.host_time", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated subset of " + ", ".join(ROWS))
+    parser.add_argument("--network", default=DEFAULT_SETTING["network"], help="mlp8, or a --network short name")
+    parser.add_argument("--batch_size", type=int, default=DEFAULT_SETTING["batch_size"])
+    parser.add_argument("--accelerator", default=DEFAULT_SETTING["accelerator"], choices=["cpu", "gpu"])
+    parser.add_argument("--precision", default=DEFAULT_SETTING["precision"], choices=["32-true", "bf16-mixed"])
     parser.add_argument("--profile", action="store_true", help="also profile train.py's window once")
     parser.add_argument("--profile_dump", help="keep the profile in this file (pstats)")
     parser.add_argument("--row", choices=ROWS[:3], help=argparse.SUPPRESS)  # a child process: one row
@@ -234,16 +280,19 @@ def main(argv=None) -> int:
         return 0
     if "FASHION_MNIST_DIR" not in os.environ:
         raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
-    rows = args.rows.split(",")
+    chosen = {key: getattr(args, key) for key in DEFAULT_SETTING}
+    rows, steps = args.rows.split(","), window_steps(args.batch_size)
     times: Dict[str, List[float]] = {row: [] for row in rows}
     for repeat in range(args.repeats):
         for row in rows if repeat % 2 == 0 else rows[::-1]:
-            times[row].append(measure(row)["us_per_step"])
+            times[row].append(measure(row, chosen)["us_per_step"])
             print(f"repeat {repeat + 1}: {row} {times[row][-1]:.0f} µs/step", flush=True)
     from benchmarks.speed import machine
 
-    print(f"\nHost time per step, µs, median (range) of {args.repeats} interleaved runs: MLP({HIDDEN} hidden), batch "
-          f"{BATCH}, 1 thread, steps {SKIP}-{SKIP + STEPS} of epoch {EPOCH + 1}; {machine()}")
+    network = f"MLP({HIDDEN} hidden)" if args.network == "mlp8" else args.network
+    print(f"\nHost time per step, µs, median (range) of {args.repeats} interleaved runs: {network}, batch "
+          f"{args.batch_size}, {args.accelerator}, {args.precision}, 1 thread, steps {SKIP}-{SKIP + steps} of epoch "
+          f"{EPOCH + 1}; {machine()}")
     reference = statistics.median(times["reference"]) if "reference" in times else None
     print(markdown_table(["loop", "µs per step", "× reference"],
                          [[row, median_range(times[row]),
@@ -254,8 +303,8 @@ def main(argv=None) -> int:
     if args.profile:
         with tempfile.TemporaryDirectory() as folder:
             profile = Path(folder) / "train.prof"
-            measure("train.py", profile)
-            print("\n" + attribute(profile))
+            measure("train.py", chosen, profile)
+            print("\n" + attribute(profile, steps))
             if args.profile_dump:
                 pstats.Stats(str(profile)).sort_stats("cumulative").dump_stats(args.profile_dump)
     return 0

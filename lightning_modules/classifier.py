@@ -3,7 +3,7 @@ batch. The network and the optimizer are objects a config names by class path (d
 optimizer"); the learning-rate policy is lr_policy.py; the batch numbers are batch_plan.py."""
 
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -65,13 +65,15 @@ class FashionMNISTClassifier(LightningModule):
             (a second forward pass in evaluation only).
         channels_last: NHWC weights and batches (oneDNN runs cnn 1.13-1.19x and fast_cnn 1.45-1.64x faster on CPU,
             docs/benchmarks.md; cuDNN under mixed precision); the outputs equal NCHW's up to float rounding.
-        compile: ``torch.compile`` the network (the first step pays the compilation; the epoch-1 line says how long).
+        compile: ``torch.compile`` the network (the first step pays the compilation; the epoch-1 line says how long):
+            ``true`` in torch's default mode, or a mode by name (``reduce-overhead``: CUDA graphs, for a small step
+            bound by kernel launches; ``max-autotune``).
     """
 
     def __init__(self, network: nn.Module, optimizer: OptimizerCallable, lr_policy: LRPolicy = LRPolicy(),
                  batch_size: PositiveInt = 128, virtual_devices: PositiveInt = 1,
                  label_smoothing: NonNegativeFloat = 0.0, flip_test_time: bool = False, channels_last: bool = True,
-                 compile: bool = False) -> None:
+                 compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune"]] = False) -> None:
         super().__init__()
         if not 0 <= label_smoothing <= 1:
             raise MisconfigurationException(f"model.label_smoothing must be between 0 and 1, got {label_smoothing}")
@@ -129,7 +131,8 @@ class FashionMNISTClassifier(LightningModule):
         images = images.contiguous(memory_format=self.memory_format)
         if self.compile_network:
             if self._compiled_net is None:
-                object.__setattr__(self, "_compiled_net", torch.compile(self.net))
+                mode = None if self.compile_network is True else self.compile_network
+                object.__setattr__(self, "_compiled_net", torch.compile(self.net, mode=mode))
             return self._compiled_net(images)
         return self.net(images)
 
