@@ -81,7 +81,9 @@ class ResumableLoader(DataLoader):
     def _gathered(self) -> Iterator:
         """Without workers, the DataLoader's own iterator is host time on every step (a sampler index at a time, a
         list, its fetcher): the epoch's order becomes one index tensor here, and each batch is a slice of it and the
-        dataset's one gather; the same batches, in the same order, as the DataLoader's iterator."""
+        dataset's one gather; the same batches, in the same order, as the DataLoader's iterator, which also draws its
+        workers' base seed from the global generator: drawn here too, so dropout and augmentation draw as they did."""
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         order = torch.tensor(list(self.sampler), dtype=torch.long)
         if getattr(self.dataset, "device", order.device).type == "cuda":
             order = order.to(self.dataset.device)  # once an epoch: no index crosses the bus per step

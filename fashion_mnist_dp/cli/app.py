@@ -57,8 +57,8 @@ class FashionMNISTCLI(LightningCLI):
                             help="the ranks agree on stopping (signal, divergence) every N optimizer steps, and at "
                                  "every validation, epoch end and checkpoint: a signal stops the run within N steps")
         parser.add_argument("--breakdown", type=Optional[bool], default=None,
-                            help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs, where it costs "
-                                 "a small CNN 10-13 %% of its images/sec (docs/benchmarks.md)")
+                            help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs until its sampled "
+                                 "form is measured there (docs/benchmarks.md)")
         parser.link_arguments("breakdown", "trainer.callbacks.init_args.breakdown")
         parser.link_arguments("progress", "trainer.callbacks.init_args.show_progress")
         parser.link_arguments("check_every_n_steps", "trainer.callbacks.init_args.check_every_n_steps")

@@ -31,12 +31,14 @@ def tensor_norms(tensors: Sequence[Optional[torch.Tensor]], device: torch.device
     nan or inf, or when its squares overflow (beyond ~1e19 an element: diverged anyway)."""
     local = [None if t is None else local_shard(t) for t in tensors]
     present = [i for i, t in enumerate(local) if t is not None]
-    if len(present) == len(local) and local:
-        return torch.stack(torch._foreach_norm(local, 2, dtype=torch.float32)).to(device)
-    norms = [torch.zeros((), device=device)] * len(local)
-    for i, norm in zip(present, torch._foreach_norm([local[i] for i in present], 2, dtype=torch.float32)):
-        norms[i] = norm.to(device)
-    return torch.stack(norms) if norms else torch.zeros(0, device=device)
+    wide = torch.float64 if any(local[i].dtype == torch.float64 for i in present) else torch.float32  # 64-true
+    if not present:
+        return torch.zeros(len(local), device=device)
+    norms = list(torch._foreach_norm([local[i] for i in present], 2, dtype=wide))
+    if len(present) < len(local):
+        zero, by_index = torch.zeros((), dtype=wide, device=norms[0].device), dict(zip(present, norms))
+        norms = [by_index.get(i, zero) for i in range(len(local))]
+    return torch.stack(norms).float().to(device)
 
 
 def first_non_finite(tensors: Sequence[Optional[torch.Tensor]], device: Optional[torch.device] = None) -> torch.Tensor:
