@@ -127,15 +127,18 @@ def test_compile_routes_the_forward_through_torch_compile_and_keeps_plain_checkp
     the real compilation is measured by `make bench BENCH_ARGS=--options` (docs/benchmarks.md)."""
     compiled = []
 
-    def fake_compile(module):
-        compiled.append(module)
+    def fake_compile(module, mode=None):
+        compiled.append((module, mode))
         return lambda images: module(images) * 0 + 7.0
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     model = classifier("mlp", compile=True)
     assert torch.equal(model(torch.zeros(2, 1, 28, 28)), torch.full((2, 10), 7.0))
     model(torch.zeros(2, 1, 28, 28))
-    assert compiled == [model.net], "compiled once, the network itself (not the LightningModule)"
+    assert compiled == [(model.net, None)], "compiled once, the network itself (not the LightningModule)"
+    graphs = classifier("mlp", compile="reduce-overhead")
+    graphs(torch.zeros(2, 1, 28, 28))
+    assert compiled[-1] == (graphs.net, "reduce-overhead")  # a mode by name: CUDA graphs for a launch-bound step
     keys = set(model.state_dict())
     assert keys == set(classifier("mlp").state_dict())
     assert not any("_orig_mod" in key or "_compiled" in key for key in keys)
