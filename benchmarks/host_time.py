@@ -24,6 +24,7 @@ import cProfile
 import json
 import os
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -213,10 +214,17 @@ def measure(row: str, chosen: dict, profile: Optional[Path] = None) -> Dict[str,
         out = Path(folder) / "window.json"
         env = launch.clean_env({"HOST_TIME_OUT": str(out), "HOST_TIME_SETTING": json.dumps(chosen),
                                 **({"HOST_TIME_PROFILE": str(profile)} if profile else {})}, keep_data_dir=True)
-        if row == "train.py":
+        if row.startswith("train.py"):
             args = [*_train_py_flags(chosen), "--epochs", str(EPOCH + 1), "--test_after_fit", "false",
                     "--trainer.callbacks+=benchmarks.host_time.StepWindow"]
-            finished = launch.run_train(args, Path(folder), 600, env)
+            if row == "train.py":
+                finished = launch.run_train(args, Path(folder), 600, env)
+            else:  # another checkout's train.py (--before), with this file copied into its benchmarks/
+                with tempfile.TemporaryDirectory(prefix="host-time-logs-") as logs:
+                    job = launch.start("before", [str(Path(chosen["before"]) / "train.py"), *args], Path(folder),
+                                       Path(logs), env)
+                    timeout = launch.wait_all([job], 600)
+                    finished = launch.Finished(job.returncode, job.stdout, job.stderr)
         else:
             with tempfile.TemporaryDirectory(prefix="host-time-logs-") as logs:
                 job = launch.start(row, ["-m", "benchmarks.host_time", "--row", row], launch.REPO, Path(logs), env)
@@ -268,6 +276,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch_size", type=int, default=DEFAULT_SETTING["batch_size"])
     parser.add_argument("--accelerator", default=DEFAULT_SETTING["accelerator"], choices=["cpu", "gpu"])
     parser.add_argument("--precision", default=DEFAULT_SETTING["precision"], choices=["32-true", "bf16-mixed"])
+    parser.add_argument("--before", metavar="CHECKOUT", help="also time CHECKOUT's train.py (a git worktree of an "
+                        "earlier commit; this file is copied into its benchmarks/): the row 'train.py before'")
     parser.add_argument("--profile", action="store_true", help="also profile train.py's window once")
     parser.add_argument("--profile_dump", help="keep the profile in this file (pstats)")
     parser.add_argument("--row", choices=ROWS[:3], help=argparse.SUPPRESS)  # a child process: one row
@@ -282,6 +292,9 @@ def main(argv=None) -> int:
         raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
     chosen = {key: getattr(args, key) for key in DEFAULT_SETTING}
     rows, steps = args.rows.split(","), window_steps(args.batch_size)
+    if args.before:
+        shutil.copy(__file__, Path(args.before) / "benchmarks" / "host_time.py")
+        chosen["before"], rows = str(Path(args.before).resolve()), rows + ["train.py before"]
     times: Dict[str, List[float]] = {row: [] for row in rows}
     for repeat in range(args.repeats):
         for row in rows if repeat % 2 == 0 else rows[::-1]:
