@@ -5,6 +5,7 @@ optimizer given by class path can run."""
 import hashlib
 import inspect
 import math
+import sys
 from typing import Callable, Dict, Iterable, List, Literal, Optional
 
 import torch
@@ -71,6 +72,20 @@ OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
 WORKING_OPTIMIZERS = "torch.optim.SGD, torch.optim.AdamW, torch.optim.RAdam or the shorthands (docs/cli.md)"
 
 
+def factory_name(factory: OptimizerFactory) -> str:
+    """The class an optimizer factory builds (LightningCLI's is a partial over it), for messages."""
+    cls = next((a for a in (getattr(factory, "func", None), *getattr(factory, "args", ())) if isinstance(a, type)),
+               None)
+    if cls is None:
+        return getattr(factory, "__name__", repr(factory))
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):  # the shortest module that exports it, as configs name it: torch.optim.SGD
+        module = sys.modules.get(".".join(parts[:end]))
+        if getattr(module, cls.__qualname__, None) is cls:
+            return f"{'.'.join(parts[:end])}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def check_optimizer(factory: OptimizerFactory) -> torch.optim.Optimizer:
     """Build the optimizer over throw-away parameters, so that a value it refuses (a negative lr, nesterov without
     momentum...), one that cannot train (a learning rate or momentum that is not finite, momentum >= 1), or an
@@ -79,8 +94,9 @@ def check_optimizer(factory: OptimizerFactory) -> torch.optim.Optimizer:
     the optimizer. Returns that optimizer; raises ValueError."""
     try:
         optimizer = factory([nn.Parameter(torch.zeros(1))])
-    except (ValueError, TypeError, RuntimeError) as error:
-        raise ValueError(f"model.optimizer cannot be built: {' '.join(str(error).split())}") from error
+    except Exception as error:  # whatever the user's constructor raises: one line naming it
+        raise ValueError(f"model.optimizer {factory_name(factory)} cannot be built: {type(error).__name__}: "
+                         f"{' '.join(str(error).split())}") from error
     name = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
     try:
         factory([{"params": [nn.Parameter(torch.zeros(1))]}, {"params": [nn.Parameter(torch.zeros(1))],

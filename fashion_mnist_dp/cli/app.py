@@ -7,9 +7,10 @@ import sys
 import warnings
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -117,8 +118,17 @@ class FashionMNISTCLI(LightningCLI):
         try:
             super().instantiate_classes()
             runtime.check_order(self.trainer.callbacks)  # here, in the launching process, before any rank starts
-        except (MisconfigurationException, ValueError, TypeError, ImportError) as error:
+        except MisconfigurationException as error:  # our own checks' and Lightning's: they name the key
             raise errors.ConfigError(errors.one_line(error)) from error
+        except Exception as error:  # a constructor the config names raised: one line naming it
+            built = errors.failed_constructor(error, class_paths(self.config[self.subcommand]))
+            if built is None and not isinstance(error, (ValueError, TypeError, ImportError)):
+                raise
+            if built is None:
+                raise errors.ConfigError(errors.one_line(error)) from error
+            key, path, raised = built
+            raise errors.ConfigError(f"{key} {path} cannot be built: {type(raised).__name__}: "
+                                     f"{errors.one_line(raised)}") from error
         if hasattr(self.model, "start_notes"):
             self.model.start_notes = [self._lr_note(), *self._notes, *runtime.safety_off(self.trainer)]
 
@@ -159,6 +169,25 @@ class FashionMNISTCLI(LightningCLI):
                       "split)", flush=True)
         # The path, not "best": Lightning would warn that several ModelCheckpoints exist.
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def class_paths(config) -> Dict[str, str]:
+    """Every class the config names, by its key (``model.network``, ``trainer.callbacks.3``), and the Trainer."""
+    found = {"trainer": f"{Trainer.__module__}.{Trainer.__qualname__}"}
+
+    def walk(key: str, value) -> None:
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(f"{key}.{index}", item)
+        elif hasattr(value, "items"):
+            for name, item in value.items():
+                if name.endswith("class_path") and isinstance(item, str):
+                    found[f"{key}.{name}".strip(".").removesuffix(".class_path").removesuffix("class_path")] = item
+                else:
+                    walk(f"{key}.{name}".strip("."), item)
+
+    walk("", config)
+    return found
 
 
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:

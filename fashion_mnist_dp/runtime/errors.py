@@ -9,8 +9,9 @@ import re
 import subprocess
 import sys
 import time
+import traceback
 from enum import IntEnum
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from jsonargparse import ArgumentError
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -140,6 +141,25 @@ class Interrupted(UserFacingError):
     """Ctrl-C where there is no step to stop at (start-up, a second Ctrl-C)."""
     exit_code = ExitCode.INTERRUPTED
     prefix = ""
+
+
+def failed_constructor(error: BaseException, classes: Dict[str, str]) -> Optional[Tuple[str, str, BaseException]]:
+    """(key, class path, the exception it raised) of the innermost constructor, in ``error`` or the exceptions it
+    was raised from (jsonargparse wraps a callback's), whose class is one of ``classes`` (key -> class path): which
+    of the config's objects raised while it was built; None when none did."""
+    seen: List[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    for raised in reversed(seen):  # the original first
+        found = None
+        for frame, _ in traceback.walk_tb(raised.__traceback__):
+            built = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
+            path = f"{type(built).__module__}.{type(built).__qualname__}" if built is not None else None
+            found = next(((key, value, raised) for key, value in classes.items() if value == path), found)
+        if found is not None:
+            return found
+    return None
 
 
 def one_line(error: BaseException) -> str:

@@ -133,11 +133,21 @@ BAD_VALUES = [
     (["--model.label_smoothing", "2"], "model.label_smoothing must be between 0 and 1"),
     (["--model.optimizer.init_args.momentum", "1.5"], "model.optimizer's momentum must be >= 0 and < 1"),
     (["--model.optimizer.init_args.lr", "-1"], "--model.optimizer.init_args.lr must be a number > 0"),
-    (["--model.optimizer.lr", "-1"], "model.optimizer cannot be built: Invalid learning rate: -1.0"),
+    (["--model.optimizer.lr", "-1"], "model.optimizer torch.optim.SGD cannot be built: ValueError: Invalid learning rate: -1.0"),
     (["--model.optimizer.init_args.nesterov", "true", "--model.optimizer.init_args.momentum", "0"],
-     "model.optimizer cannot be built: Nesterov momentum requires a momentum and zero dampening"),
+     "model.optimizer torch.optim.SGD cannot be built: ValueError: Nesterov momentum requires a momentum and zero "
+     "dampening"),
     (["--optimizer", "adamw", "--model.optimizer.init_args.betas", "[0.9, 1.5]"],
-     "model.optimizer cannot be built: Invalid beta parameter at index 1: 1.5"),
+     "model.optimizer torch.optim.AdamW cannot be built: ValueError: Invalid beta parameter at index 1: 1.5"),
+    (["--network", "mlp", "--model.network.init_args.hidden", "-3"],
+     "model.network lightning_modules.networks.MLP cannot be built: RuntimeError: Trying to create tensor with negative "
+     "dimension -3"),
+    (["--network", "user_classes.RefusingNet"],
+     "model.network user_classes.RefusingNet cannot be built: KeyError: 'no such layer'"),
+    (["--optimizer", "user_classes.RefusingOptimizer"],
+     "model.optimizer user_classes.RefusingOptimizer cannot be built: ZeroDivisionError: division by zero"),
+    (["--trainer.callbacks+=user_classes.RefusingCallback"],
+     "trainer.callbacks.17 user_classes.RefusingCallback cannot be built: AssertionError: not today"),
     (["--check_every_n_steps", "0"], "check_every_n_steps"),
     (["--config", "missing.yaml"], "File does not exist"),
     (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
@@ -149,9 +159,11 @@ BAD_CONFIG_FILES = {"empty.yaml": "# only a comment\n", "broken.yaml": "trainer:
 
 
 @pytest.mark.parametrize("args, message", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
-def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root, args, message):
+def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root, args, message, monkeypatch):
     for name, text in BAD_CONFIG_FILES.items():
         (workdir / name).write_text(text)
+    (workdir / "user_classes.py").write_text(USER_CLASSES)  # a user's own classes whose constructors raise
+    monkeypatch.syspath_prepend(str(workdir))
     code = train.main(["--data_dir", str(fashion_root), *args])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
@@ -159,6 +171,25 @@ def test_bad_value_gives_one_line_and_exit_code_2(capsys, workdir, fashion_root,
     assert len(errors) == 1 and message in errors[0], err
     assert "Traceback" not in err
     assert not (workdir / "runs").exists()  # nothing written before the mistake was reported
+
+
+USER_CLASSES = """
+import torch
+from lightning.pytorch import Callback
+
+class RefusingNet(torch.nn.Module):
+    def __init__(self, width: int = 4):
+        super().__init__()
+        raise KeyError("no such layer")
+
+class RefusingOptimizer(torch.optim.SGD):
+    def __init__(self, params, lr: float = 0.1):
+        1 / 0
+
+class RefusingCallback(Callback):
+    def __init__(self):
+        assert False, "not today"
+"""
 
 
 @pytest.mark.parametrize("keyword, message", [

@@ -79,11 +79,11 @@ def test_each_optimizer_decreases_a_toy_loss(name):
 
 
 @pytest.mark.parametrize("args, message", [
-    (dict(lr=-1.0), "model.optimizer cannot be built: Invalid learning rate: -1.0"),
-    (dict(lr=0.1, nesterov=True), "model.optimizer cannot be built: Nesterov momentum requires a momentum"),
+    (dict(lr=-1.0), "model.optimizer <lambda> cannot be built: ValueError: Invalid learning rate: -1.0"),
+    (dict(lr=0.1, nesterov=True), "model.optimizer <lambda> cannot be built: ValueError: Nesterov momentum requires"),
     (dict(lr=float("inf")), "model.optimizer's lr must be a finite number, got inf"),
     (dict(lr=0.1, momentum=1.0), "model.optimizer's momentum must be >= 0 and < 1 (e.g. 0.9), got 1.0"),
-    (dict(lr=0.1, betas=(0.9, 0.99)), "model.optimizer cannot be built: SGD.__init__() got an unexpected keyword"),
+    (dict(lr=0.1, betas=(0.9, 0.99)), "model.optimizer <lambda> cannot be built: TypeError: SGD.__init__() got an unexpected"),
 ])
 def test_an_optimizer_that_cannot_train_is_refused_with_what_is_wrong(args, message):
     with pytest.raises(ValueError) as refused:
