@@ -102,7 +102,21 @@ class FashionMNISTDataModule(LightningDataModule):
         if missing:
             download_or_raise(self.data_dir, missing, self.download)
         check_raw_folder(folder.resolve())
-        self._check_train_subset(read_header(folder / SPLITS[0][0], 3)[0] - self.val_size)
+        left = read_header(folder / SPLITS[0][0], 3)[0] - self.val_size
+        self._check_train_subset(left)
+        self._check_batch_fits(self.train_subset or left)
+
+    def _check_batch_fits(self, images: int) -> None:
+        """A per-device batch larger than a device's shard of the training images never fills (and, at 70,000, the
+        whole split is gathered into one batch until memory runs out): refused before anything starts."""
+        world_size, _ = self._world()
+        devices = world_size * self.virtual_devices * self._process_batch(1)
+        shard = -(-images // devices)  # DistributedSampler's: padded to a whole share each
+        if self.batch_size > shard:
+            kept = "after --data.val_size and --data.train_subset " if self.val_size or self.train_subset else ""
+            raise MisconfigurationException(
+                f"--data.batch_size {self.batch_size} per device is more than the {shard} training images each of the "
+                f"{devices} device(s) gets ({images} images {kept}over {devices}): give at most {shard}")
 
     def _check_train_subset(self, left: int) -> None:
         """More than ``left`` would silently train on all of them: refused before anything is written."""

@@ -120,6 +120,10 @@ BAD_VALUES = [
     (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val is -1"),
     (["--data.train_subset", "100000000"], "--data.train_subset 100000000 is more than the 256 training images: "
                                            "give at most 256, or leave it unset to train on all (see python"),
+    (["--batch_size", "70000"], "--data.batch_size 70000 per device is more than the 256 training images each of the "
+                                "1 device(s) gets (256 images over 1): give at most 256"),
+    (["--batch_size", "100", "--virtual_devices", "4"], "--data.batch_size 100 per device is more than the 64 training "
+                                                        "images each of the 4 device(s) gets"),
     (["--data.train_subset", "257"], "--data.train_subset 257 is more than the 256 training images: give at most 256,"),
     (["--data.train_subset", "193", "--data.val_size", "64"],
      "--data.train_subset 193 is more than the 192 training images after --data.val_size 64 held out: give at most "
