@@ -3,9 +3,11 @@
 import os
 
 import pytest
+import yaml
 
 from benchmarks.launch import clean_env, start_all, wait_all
-from tests.conftest import TRAIN_PY, run_train
+from callbacks.run_record import read_rows
+from tests.conftest import TRAIN_PY, experiment_dir, run_train
 
 
 def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, fashion_root):
@@ -62,3 +64,27 @@ def test_unwritable_log_folder_exits_73(shared_tmp, fashion_root):
     assert list((shared_tmp / "runs").iterdir()) == []
 
 
+
+
+def test_a_runs_saved_config_reruns_it_elsewhere_and_leaves_the_first_run_alone(tmp_path, fashion_root):
+    """config.yaml keeps null where train.py derived a folder from default_root_dir, so ``--config
+    runs/.../config.yaml --trainer.default_root_dir elsewhere`` trains into ``elsewhere`` (it used to train into the
+    first run's folder and replace its last.ckpt), and reproduces the run: the same settings, the same losses."""
+    args = ["--network", "mlp", "--data_dir", str(fashion_root), "--epochs", "1", "--batch_size", "32",
+            "--trainer.log_every_n_steps", "2", "--test_after_fit", "false"]
+    first = run_train(args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = experiment_dir(tmp_path)
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    config = run / "version_0" / "config.yaml"
+    again = run_train(["--config", str(config), "--trainer.default_root_dir", "elsewhere"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # not one byte changed
+    moved = tmp_path / "elsewhere" / run.name
+    assert (moved / "checkpoints" / "last.ckpt").is_file()
+    settings = [yaml.safe_load(path.read_text()) for path in (config, moved / "version_0" / "config.yaml")]
+    assert settings[1]["trainer"].pop("default_root_dir") == "elsewhere" != settings[0]["trainer"].pop("default_root_dir")
+    assert settings[0] == settings[1]
+    losses = [[row["train/loss"] for row in read_rows(folder / "version_0" / "metrics.csv") if row.get("train/loss")]
+              for folder in (run, moved)]
+    assert len(losses[0]) >= 3 and losses[0] == losses[1]

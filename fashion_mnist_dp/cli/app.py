@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
@@ -80,7 +80,7 @@ class FashionMNISTCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
-        outputs.fill_output_paths(config)
+        self.save_config_kwargs["filled"] = outputs.fill_output_paths(config)
         folders = outputs.checkpoint_folders(config)
         if config.get("ckpt_path") == "hpc":  # a file in default_root_dir: checked below like any other
             config.ckpt_path = resume.hpc_checkpoint(config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
@@ -171,6 +171,23 @@ class FashionMNISTCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
+class SaveConfigAsGiven(SaveConfigCallback):
+    """config.yaml as the user gave it: the folders train.py derived from ``default_root_dir`` stay null there, so a
+    rerun from it (``--config .../config.yaml --trainer.default_root_dir elsewhere``) writes under ``elsewhere``
+    instead of into this run's folder (it replaced the first run's last.ckpt)."""
+
+    def __init__(self, *args, filled=(), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.filled = list(filled)
+
+    def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
+        resolved, self.config = self.config, outputs.as_given(self.config, self.filled)
+        try:
+            super().setup(trainer, pl_module, stage)
+        finally:
+            self.config = resolved
+
+
 def class_paths(config) -> Dict[str, str]:
     """Every class the config names, by its key (``model.network``, ``trainer.callbacks.3``), and the Trainer."""
     found = {"trainer": f"{Trainer.__module__}.{Trainer.__qualname__}"}
@@ -200,7 +217,7 @@ def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=args,
                            parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},
-                           save_config_kwargs={"overwrite": True})
+                           save_config_callback=SaveConfigAsGiven, save_config_kwargs={"overwrite": True})
 
 
 def _run(argv: List[str]) -> list:

@@ -5,7 +5,7 @@ writes"). Plain functions of the parsed config, so a test can give them any mach
 
 import re
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -70,23 +70,37 @@ def checkpoint_callbacks(config) -> List[Any]:
     return _entries(config.trainer.callbacks or [], ModelCheckpoint)
 
 
-def fill_output_paths(config) -> str:
+def fill_output_paths(config) -> List[Tuple[str, int, str]]:
     """Put the run's folders into a subcommand's config: ``default_root_dir`` (default ``runs``); for every
     ModelCheckpoint without a ``dirpath``, ``<default_root_dir>/<run name>/checkpoints``; for every TensorBoard logger
-    without a ``save_dir`` or ``name``, ``<default_root_dir>`` and the run's name. Returns the run's name."""
-    trainer = config.trainer
+    without a ``save_dir`` or ``name``, ``<default_root_dir>`` and the run's name. Returns what it filled, as
+    (list key, index, argument): the run's config.yaml keeps those null (:func:`as_given`)."""
+    trainer, filled = config.trainer, []
     if trainer.default_root_dir is None:
         trainer.default_root_dir = DEFAULT_ROOT
     name = run_name(config)
+    callbacks = trainer.callbacks if isinstance(trainer.callbacks, list) else [trainer.callbacks]
     for entry in checkpoint_callbacks(config):
         if entry.init_args.dirpath is None:
             entry.init_args.dirpath = str(Path(trainer.default_root_dir) / name / "checkpoints")
+            filled.append(("trainer.callbacks", callbacks.index(entry), "dirpath"))
+    loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
     for entry in _entries(trainer.logger, TensorBoardLogger):
-        if entry.init_args.get("save_dir") is None:
-            entry.init_args.save_dir = str(trainer.default_root_dir)
-        if entry.init_args.get("name") is None:
-            entry.init_args.name = name
-    return name
+        for argument, value in (("save_dir", str(trainer.default_root_dir)), ("name", name)):
+            if entry.init_args.get(argument) is None:
+                entry.init_args[argument] = value
+                filled.append(("trainer.logger", loggers.index(entry), argument))
+    return filled
+
+
+def as_given(config, filled: List[Tuple[str, int, str]]):
+    """A copy of ``config`` with the folders :func:`fill_output_paths` filled back to null: rerun with ``--config``
+    and another ``--trainer.default_root_dir``, it writes there, not into this run's folders."""
+    given = config.clone()
+    for key, index, argument in filled:
+        entries = given[key] if isinstance(given[key], list) else [given[key]]
+        entries[index].init_args[argument] = None
+    return given
 
 
 def checkpoint_folders(config) -> List[str]:
