@@ -40,9 +40,11 @@ def test_print_config_names_every_callback_logger_and_plugin_the_run_uses(capsys
     assert train.main(args) == 0
     seen = SeenAtTrainStart.seen
     listed = [class_of(entry) for entry in config["trainer"]["callbacks"]]
-    # Besides the list, Lightning's own: the stop_at_target section's callback and SaveConfigCallback (config.yaml in
-    # the run folder), which LightningCLI appends, and ModelSummary (trainer.enable_model_summary).
-    expected = [*listed, StopAtTarget, SaveConfigCallback, ModelSummary]
+    # Besides the list, what LightningCLI appends: the stop_at_target section's callback and its config writer
+    # (config.yaml in the run folder: SaveConfigAsGiven, a SaveConfigCallback that keeps the derived folders null), and
+    # Lightning's ModelSummary (trainer.enable_model_summary).
+    expected = [*listed, StopAtTarget, train.SaveConfigAsGiven, ModelSummary]
+    assert issubclass(train.SaveConfigAsGiven, SaveConfigCallback)
     assert sorted(map(str, seen["callbacks"])) == sorted(map(str, expected))
     assert len(listed) >= 16 and runtime.Agreement in listed and runtime.JobFaults in listed
     assert seen["loggers"] == [class_of(entry) for entry in config["trainer"]["logger"]]
