@@ -19,6 +19,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 
 from fashion_mnist_dp.runtime import compat
+from fashion_mnist_dp.runtime.errors import note_failed_write
 from lightning_modules.batch_plan import describe_run
 
 FILE_NAME = "metrics.csv"
@@ -73,18 +74,31 @@ class MetricsCSV(TensorBoardLogger):
             writer.writeheader()
         writer.writerows(new)
         text = buffer.getvalue()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(f".{FILE_NAME}.tmp-{os.getpid()}")
-        with open(partial, "w", newline="") as handle:
-            handle.write(text)
-        os.replace(partial, self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(partial, "w", newline="") as handle:
+                handle.write(text)
+            os.replace(partial, self.path)
+        except OSError as error:  # a full disk: the old file stays whole, and no partial one is left
+            partial.unlink(missing_ok=True)
+            raise OSError(error.errno, error.strerror, str(self.path)) from error
         self._written = (len(self.rows), columns, text)
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
-        super().finalize(status)  # saves on success
-        if status != "success":
+        """On a failure path (Lightning's ``_interrupt``) a write that fails must not raise over the failure: it is
+        named in the stop line instead."""
+        if status == "success":
+            return super().finalize(status)  # saves
+        failed = None
+        try:
+            super().finalize(status)
             self.save()
+        except OSError as error:
+            failed = error
+        if failed is not None:  # out of the except block: the exception being handled is the run's, not this one
+            note_failed_write(FILE_NAME, failed)
 
 
 def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:

@@ -5,6 +5,7 @@ one line on stderr and the code below, never a traceback. Anything not in the ta
 traceback (exit 1): that is a bug to report.
 """
 
+import errno
 import re
 import subprocess
 import sys
@@ -174,6 +175,17 @@ def _without_type_dump(line: str) -> str:
     return re.sub(r"\.? Got value: Namespace\(.*\)$", ".", line)
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+def note_failed_write(what: str, error: OSError) -> None:
+    """A write on a failure path (a stop already on its way) failed: it must not raise, so it is named in the stop
+    line instead, as a note on the exception being handled (nothing happens outside one)."""
+    handled = sys.exc_info()[1]
+    if handled is not None:
+        handled.add_note(f"{what} not written either: {error.strerror or error}")
+
+
 _VAL_CHECK_BEYOND_EPOCH = re.compile(
     r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the training batches \((\d+)\)")
 
@@ -195,6 +207,8 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
         return DataError(one_line(error))
     if isinstance(error, KeyboardInterrupt):
         return Interrupted("interrupted (Ctrl-C)")
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:  # a write of the run's: Lightning's, TensorBoard's...
+        return OutputNotWritableError(f"cannot write {error.filename or 'a file of the run'}: {error.strerror}")
     interval = _VAL_CHECK_BEYOND_EPOCH.search(one_line(error)) if isinstance(error, ValueError) else None
     if interval:  # Lightning's fit loop, once the loader's length is known
         wanted, batches = interval.groups()
@@ -217,10 +231,12 @@ def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
             child.wait()
 
 
-def print_line(error: UserFacingError) -> None:
-    """The error's one line, on stderr (stdout for a run that ends well)."""
+def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
+    """The error's one line, on stderr (stdout for a run that ends well); ``notes``: writes that failed on the way
+    out (:func:`note_failed_write`)."""
     stream = sys.stdout if error.to_stdout else sys.stderr
-    print(f"train.py: {error.prefix}{one_line(error)}{error.hint}", file=stream, flush=True)
+    extra = "".join(f"; {note}" for note in notes)
+    print(f"train.py: {error.prefix}{one_line(error)}{extra}{error.hint}", file=stream, flush=True)
     error.printed = True
 
 
@@ -238,7 +254,7 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -
             end_peer_tasks()  # a bug on this task: under srun the others would wait for it
             raise
         if not error.printed and (error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0):
-            print_line(error)
+            print_line(error, getattr(raw, "__notes__", ()))
         if error.every_rank and error.exit_code != ExitCode.OK:  # may be this task's alone: under srun the others
             end_peer_tasks()                                      # would wait for it
         wait_for(error.children, error.children_grace_s)
