@@ -67,7 +67,8 @@ class AlternatingWindows(Callback):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown_windows", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.breakdown_windows",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--network", default="cnn")

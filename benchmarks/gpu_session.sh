@@ -10,7 +10,8 @@
 #
 # then run with carry [".gpu"], one or more stages per call (a call must end inside the device's 10-minute limit); each
 # stage has a hard timeout of its own (seconds below), so that the first three fit 15 minutes of device time:
-#   bash benchmarks/gpu_session.sh tests     # 120 s: GPU-only tests: sync-free step (breakdown on), CudaEvents, dp, fast path
+#   bash benchmarks/gpu_session.sh tests     # 120 s: GPU-only tests: sync-free step (breakdown on), CudaEvents, dp,
+#                                            #   fast path
 #   bash benchmarks/gpu_session.sh p1        # 300 s: host time per step on the GPU (benchmarks/host_time.py): bare loop
 #                                            #   and train.py, cnn at batch 128 and 512, fp32 and bf16-mixed; the four
 #                                            #   rows of the host-time table at batch 128 fp32
@@ -46,7 +47,8 @@ for stage in "${@:-tests}"; do
                 limit 70 python3 -m benchmarks.host_time --accelerator gpu --network cnn --batch_size $batch \
                     --precision $precision --rows bare,train.py --repeats 2 2>&1 | tail -7 | tee -a "$out/p1.txt"
             done; done
-            limit 100 python3 -m benchmarks.host_time --accelerator gpu --repeats 2 2>&1 | tail -9 | tee -a "$out/p1.txt" ;;
+            limit 100 python3 -m benchmarks.host_time --accelerator gpu --repeats 2 2>&1 | tail -9 \
+                | tee -a "$out/p1.txt" ;;
         windows) for precision in 32-true bf16-mixed; do
                      limit 120 python3 -m benchmarks.breakdown_windows --accelerator gpu --precision $precision \
                          --timeout 110 2>&1 | tail -2 | tee -a "$out/windows.txt"
@@ -54,15 +56,17 @@ for stage in "${@:-tests}"; do
         compile) for network in cnn gpu_cnn; do for mode in false true reduce-overhead; do
                      TORCH_LOGS=recompiles limit 75 python3 train.py --accelerator gpu --network $network \
                          --model.compile $mode --precision bf16-mixed --epochs 2 --test_after_fit false \
-                         --trainer.default_root_dir /tmp/compile-runs 2>&1 | grep -E "First training step|Epoch|[Rr]ecompil" \
+                         --trainer.default_root_dir /tmp/compile-runs 2>&1 \
+                         | grep -E "First training step|Epoch|[Rr]ecompil" \
                          | sed "s/^/$network compile=$mode: /" | tee -a "$out/compile.txt"
                  done; done ;;
         record) limit 470 python3 -m benchmarks.recipe_runs configs/recipes/fast_gpu.yaml --runs 3 2>&1 \
                     | tee "$out/record.txt" ;;
-        tests) limit 120 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py tests/unit/test_step_time.py \
+        tests) limit 120 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py \
+                   tests/unit/test_step_time.py \
                    tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
         trace|syncs) for precision in 32-true bf16-mixed; do
-                   python3 -m benchmarks.gpu_trace --precision $precision 2>&1 | grep -v "^Parsed\|^leaving\|INFO" \
+                   limit 150 python3 -m benchmarks.gpu_trace --precision $precision 2>&1 | grep -v "^Parsed\|^leaving\|INFO" \
                        | tee -a "$out/trace.txt"
                done ;;
         cost) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" 2>&1 \
