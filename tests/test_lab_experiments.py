@@ -10,6 +10,7 @@ from callbacks.run_record import read_epochs
 from experiments import devices, takeaways
 from experiments.runner import Budget, RunSpec, run, verdicts
 from tests.conftest import experiment_dir
+from tests.idx_files import write_fashion_mnist
 from tests.unit.test_lab_experiments import result
 
 
@@ -23,10 +24,11 @@ def table_lines(markdown: str):
 
 
 @pytest.mark.multiprocess
-def test_takeaways_runs_the_workshop_rows_as_torchrun_nodes_and_writes_table_csvs_and_plot(fashion_root, tmp_path):
-    """--ddp: 2 real processes, one per "node" (--max_ranks_per_node 1): the harness's torchrun path."""
-    out = tmp_path / "takeaways"
-    code = takeaways.main(["--out_dir", str(out), "--data_dir", str(fashion_root), "--epochs", "2", "--devices", "2",
+def test_takeaways_runs_the_workshop_rows_as_torchrun_nodes_and_writes_table_csvs_and_plot(tmp_path):
+    """--ddp: 2 real processes, one per "node" (--max_ranks_per_node 1): the harness's torchrun path. 320 training
+    images, so that each rank's shard holds the recipe's batch of 128 (a larger batch than a shard is refused)."""
+    out, data = tmp_path / "takeaways", write_fashion_mnist(tmp_path / "data", n_train=320)
+    code = takeaways.main(["--out_dir", str(out), "--data_dir", str(data), "--epochs", "2", "--devices", "2",
                            "--ddp", "--max_ranks_per_node", "1", "--only", "sgd,large_batch_warmup", "--seeds", "7",
                            "--val_size", "64", "--target", "0.3"])
     assert code == 0
@@ -36,7 +38,7 @@ def test_takeaways_runs_the_workshop_rows_as_torchrun_nodes_and_writes_table_csv
     records = read_csv(out / "takeaways.csv")
     assert [(r["config"], r["world_size"], r["effective_batch_size"], r["optimizer"], r["runs"]) for r in records] == [
         ("sgd", "2", "64", "sgd", "1"), ("large_batch_warmup", "2", "256", "sgd", "1")]
-    # 256 training images less 64 held out, 96 per rank: 1 step of 128 per epoch; warm-up over half the 2 epochs
+    # 320 training images less 64 held out, 128 per rank: 1 step of 128 per epoch; warm-up over half the 2 epochs
     warm = records[1]
     assert float(warm["scaled_lr"]) == pytest.approx(0.04) and warm["warmup_steps"] == "1"
     assert "| 2 × 128 = 256 | 0.01 @ 64 → 0.04 (linear) | 1 ep (1 steps) |" in rows[1]
