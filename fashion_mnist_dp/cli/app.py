@@ -2,6 +2,7 @@
 hyperparameters may fill in, the callbacks' order, the test after fit), and ``main``, which turns every error into one
 line and an exit code (fashion_mnist_dp/runtime/errors.py)."""
 
+import dataclasses
 import logging
 import sys
 import warnings
@@ -92,7 +93,9 @@ class FashionMNISTCLI(LightningCLI):
         self._user_config = self.config.clone()
         path = self._resumed.path
         if path and not checkpoint_io.is_remote(path) and Path(path).is_file():
-            self._stored = checkpoint_hparams.stored_model(checkpoint_io.load(path), path)  # bad file: exit 66
+            loaded = checkpoint_io.load(path)  # verified, no code runs; a bad file: exit 66
+            self._resumed = dataclasses.replace(self._resumed, checkpoint=loaded)  # read once: resume.prepare uses it
+            self._stored = checkpoint_hparams.stored_model(loaded, path)
             checkpoint_hparams.check_fits(parser, self.config, subcommand, self._stored, path)
 
     def before_instantiate_classes(self) -> None:
@@ -149,6 +152,7 @@ class FashionMNISTCLI(LightningCLI):
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         self.config_init[self.subcommand]["ckpt_path"] = resume.prepare(self.trainer, self.subcommand, self._resumed)
+        self._resumed = dataclasses.replace(self._resumed, checkpoint=None)  # Lightning loads its own copy
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
 

@@ -6,7 +6,7 @@ plain functions of plain values; :func:`prepare` applies them to a trainer. Stor
 import os
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
@@ -22,11 +22,13 @@ from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNo
 @dataclass(frozen=True)
 class Resume:
     """What ``--ckpt_path`` resolved to: the file to load (None: a new run), whether the run continues the
-    checkpoint's TensorBoard run, and the lines to print on rank 0 (after ``train.py: ``)."""
+    checkpoint's TensorBoard run, the lines to print on rank 0 (after ``train.py: ``), and the checkpoint itself
+    once the CLI has read and verified it (so :func:`prepare` does not read and hash a large file a second time)."""
 
     path: Optional[str] = None
     continue_run: bool = False
     lines: Tuple[str, ...] = ()
+    checkpoint: Optional[dict] = field(default=None, compare=False, repr=False)
 
 
 def hpc_checkpoint(root) -> str:
@@ -214,7 +216,8 @@ def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
     if resumed.path and (subcommand == "fit" or resumed.continue_run) and Path(resumed.path).is_file():
-        checkpoint = checkpoint_io.load(resumed.path)  # no code runs; a damaged file ends here (exit 66)
+        # no code runs; a damaged file ends here (exit 66); read once, by the CLI, when it was
+        checkpoint = resumed.checkpoint if resumed.checkpoint is not None else checkpoint_io.load(resumed.path)
         done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if subcommand == "fit" else None
         if done:
             raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")

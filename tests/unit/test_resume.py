@@ -2,6 +2,7 @@
 TensorBoard run a resume continues, and the loader's position (datamodules/resumable.py)."""
 
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -203,3 +204,25 @@ def test_a_process_with_virtual_devices_takes_its_ranks_batches_in_rank_order(wo
     assert list(virtual) == expected and len(virtual) == len(expected) == n * len(shards[0])
     virtual.resume_at(0, 12)
     assert list(virtual) == expected[12:]
+
+
+def test_a_resumed_fit_reads_and_hashes_its_checkpoint_once_before_lightnings_own_load(workdir, fashion_root,
+                                                                                        monkeypatch):
+    """The CLI verifies --ckpt_path's file and reads its hyperparameters; resume.prepare (a finished run? its
+    TensorBoard run?) takes that same copy instead of reading and hashing a large file a second time."""
+    from fashion_mnist_dp.cli import app
+    from fashion_mnist_dp.runtime import checkpoint_io
+
+    tiny = ["--network", "mlp", "--data_dir", str(fashion_root), "--trainer.limit_train_batches", "2",
+            "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
+    assert app.main([*tiny, "--epochs", "1"]) == 0
+    original, callers = checkpoint_io.load, []
+
+    def counted(path, *args, **kwargs):
+        callers.append(sys._getframe(1).f_code.co_name)
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_io, "load", counted)
+    assert app.main([*tiny, "--epochs", "2", "--ckpt_path", "last"]) == 0
+    assert callers.count("parse_arguments") == 1 and "prepare" not in callers, callers
+    assert callers.count("load_checkpoint") == 1  # Lightning's own restore, through VerifiedCheckpointIO
