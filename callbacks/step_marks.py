@@ -133,6 +133,11 @@ class StepTimer:
         self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
                          "buckets": 0, "gradient_bytes": 0, "collectives": []}
 
+    @property
+    def timing(self) -> bool:
+        """Whether the batch in hand is timed (sampled, not paused)."""
+        return self._current is not None
+
     def _mark(self, name: str) -> None:
         if self._current is not None:
             self._current["at"][name] = self.clock()
@@ -219,7 +224,7 @@ class TimedCollective:
         return self.comm.allocate(*args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        if self.timer._current is None:  # a batch not timed
+        if not self.timer.timing:
             return self.comm(*args, **kwargs)
         start = self.timer.clock()
         work = self.comm(*args, **kwargs)

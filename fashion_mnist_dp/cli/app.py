@@ -139,7 +139,7 @@ class FashionMNISTCLI(LightningCLI):
         """Where the base lr came from: the user's flag or file, a shipped network's or optimizer's known-good lr, or
         configs/default.yaml."""
         origin = self._lr_origin
-        if origin is None or origin.startswith("the config"):
+        if origin is None:
             given = "model.optimizer.init_args.lr" in self._given
             origin = "a --config file or flag" if given else f"{DEFAULT_CONFIG.parent.name}/{DEFAULT_CONFIG.name}"
         return f"  lr from         : {origin}"
@@ -200,12 +200,13 @@ def class_paths(config) -> Dict[str, str]:
         if isinstance(value, list):
             for index, item in enumerate(value):
                 walk(f"{key}.{index}", item)
-        elif hasattr(value, "items"):
+        elif hasattr(value, "items"):  # a Namespace: its items are its leaves, by dotted key
             for name, item in value.items():
-                if name.endswith("class_path") and isinstance(item, str):
-                    found[f"{key}.{name}".strip(".").removesuffix(".class_path").removesuffix("class_path")] = item
+                full = f"{key}.{name}" if key else name
+                if full.endswith("class_path") and isinstance(item, str):
+                    found[full.rpartition(".")[0]] = item
                 else:
-                    walk(f"{key}.{name}".strip("."), item)
+                    walk(full, item)
 
     walk("", config)
     return found

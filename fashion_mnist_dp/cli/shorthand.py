@@ -143,9 +143,10 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
 
 
 class ExpandedArgs(list):
-    """The expanded command line, and where its base lr comes from (``lr_origin``, for the start block)."""
+    """The expanded command line, and where its base lr comes from (``lr_origin``, for the start block; None: from
+    the config files)."""
 
-    lr_origin: str = "the config (model.optimizer.init_args.lr)"
+    lr_origin: Optional[str] = None
 
 
 def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> ExpandedArgs:

@@ -133,7 +133,7 @@ class TrainingLoss(Participant):
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         if not self._steps:
             return torch.full((1,), math.nan, device=pl_module.device)
-        return (self._sum.float() / self._steps).reshape(1).to(pl_module.device)
+        return (self._sum / self._steps).reshape(1).to(pl_module.device)
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         means = [row[0] for row in rows if not math.isnan(row[0])]
