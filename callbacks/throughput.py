@@ -150,10 +150,13 @@ class ThroughputReport(Callback):
         if trainer.strategy.root_device.type == "cuda":
             torch.cuda.synchronize(trainer.strategy.root_device)
 
+    def breakdown_on(self, device: str) -> bool:
+        """Whether the breakdown runs on ranks of this device type (``cpu``, ``cuda``)."""
+        return device in ("cpu", "cuda") and (self.breakdown if self.breakdown is not None else device == "cpu")
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         device = trainer.strategy.root_device.type
-        wanted = self.breakdown if self.breakdown is not None else device == "cpu"
-        if stage == "fit" and wanted and device in ("cpu", "cuda"):
+        if stage == "fit" and self.breakdown_on(device):
             self.timer = StepTimer(HostClock()) if device == "cpu" else StepTimer(CudaEvents(), self.gpu_sample_every)
             step_marks.time_before_setup(self.timer, trainer.strategy)
 

@@ -1,10 +1,11 @@
 """Fashion-MNIST as a LightningDataModule: splits held in memory (on the GPU when training there), distributed
 sampling, and uint8 batches normalised and augmented on the device."""
 
+import importlib
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-from jsonargparse.typing import NonNegativeInt, PositiveInt
+from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
@@ -37,9 +38,12 @@ class FashionMNISTDataModule(LightningDataModule):
         batch_size: Images per device per step. The effective batch is this × devices ×
             nodes × accumulate_grad_batches.
         eval_batch_size: Images per device per validation/test step (does not change results).
-        num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather. With
-            workers, a rank waits at most half of ``$FASHION_MNIST_COLLECTIVE_TIMEOUT`` (default 300 s) for a
-            batch, then stops with one line saying a data worker stalled (exit 75).
+        num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather.
+        worker_timeout: With workers, seconds a rank waits for a batch (DataLoader's ``timeout``), then stops with
+            one line saying a data worker stalled (exit 75). ``None``: train.py uses half its ``collective_timeout``
+            (so the stalled rank reports before its peers time out), elsewhere DataLoader's default (forever).
+        worker_init_fn: With workers, the import path of DataLoader's ``worker_init_fn`` (a name, so that
+            hyperparameters and checkpoints hold no code; configs/default.yaml's: the workers die with their rank).
         download: Download the files when missing (needs network).
         random_crop_padding: Training augmentation: shift each image by up to this many pixels
             (zero padding, as torchvision's ``RandomCrop(28, padding)``). 0: off.
@@ -64,6 +68,8 @@ class FashionMNISTDataModule(LightningDataModule):
         batch_size: PositiveInt = 128,
         eval_batch_size: PositiveInt = 1000,
         num_workers: NonNegativeInt = 0,
+        worker_timeout: Optional[PositiveFloat] = None,
+        worker_init_fn: Optional[str] = None,
         download: bool = True,
         random_crop_padding: NonNegativeInt = 0,
         horizontal_flip: bool = False,
@@ -78,6 +84,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
+        self.worker_timeout, self.worker_init_fn = worker_timeout, worker_init_fn
         self.download = download
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
@@ -91,9 +98,6 @@ class FashionMNISTDataModule(LightningDataModule):
         self._resume_position: Optional[Dict[str, int]] = None  # from a checkpoint, for the next train loader
         self._position_checked: Optional[int] = None  # the epoch whose first batch check_position saw
         self.test_set: Optional[InMemoryImages] = None
-        # DataLoader arguments for worker processes, from whatever runs this module (train.py: a timeout and a
-        # worker_init_fn that ends the workers with their rank; JobFaults sets them in its setup hook)
-        self.worker_options: Dict[str, Any] = {}
 
     def prepare_data(self) -> None:
         """Once per node (local rank 0), before any worker starts: download missing files when allowed, then check
@@ -161,7 +165,11 @@ class FashionMNISTDataModule(LightningDataModule):
         return torch.device("cpu")
 
     def _loader(self, dataset: InMemoryImages, batch_size: int, sampler=None, loader_class=DataLoader) -> DataLoader:
-        workers = self.worker_options if self.num_workers > 0 else {}
+        workers = {}
+        if self.num_workers:
+            module, _, name = (self.worker_init_fn or "").rpartition(".")
+            workers = dict(timeout=self.worker_timeout or 0,
+                           worker_init_fn=getattr(importlib.import_module(module), name) if module else None)
         return loader_class(
             dataset,
             batch_size=batch_size,

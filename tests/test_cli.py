@@ -70,10 +70,13 @@ def test_a_runs_saved_config_reruns_it_elsewhere_and_leaves_the_first_run_alone(
     """config.yaml keeps null where train.py derived a folder from default_root_dir, so ``--config
     runs/.../config.yaml --trainer.default_root_dir elsewhere`` trains into ``elsewhere`` (it used to train into the
     first run's folder and replace its last.ckpt), and reproduces the run: the same settings, the same losses."""
-    args = ["--network", "mlp", "--data_dir", str(fashion_root), "--epochs", "1", "--batch_size", "32",
-            "--trainer.log_every_n_steps", "2", "--test_after_fit", "false"]
+    args = ["--network", "mlp", "--data_dir", str(fashion_root), "--epochs", "3", "--batch_size", "32",
+            "--trainer.log_every_n_steps", "1", "--test_after_fit", "false", "--trainer.limit_train_batches", "1",
+            "--collective_timeout", "40"]
     first = run_train(args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
+    for name in ("strategy class", "signals", "hidden output", "breakdown"):  # what no key shows: the start block
+        assert f"\n  {name:<16}: " in first.stderr, name
     run = experiment_dir(tmp_path)
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     config = run / "version_0" / "config.yaml"
@@ -85,6 +88,10 @@ def test_a_runs_saved_config_reruns_it_elsewhere_and_leaves_the_first_run_alone(
     settings = [yaml.safe_load(path.read_text()) for path in (config, moved / "version_0" / "config.yaml")]
     assert settings[1]["trainer"].pop("default_root_dir") == "elsewhere" != settings[0]["trainer"].pop("default_root_dir")
     assert settings[0] == settings[1]
+    # one batch: 1, not 1.0 (every batch); the worker timeout train.py derives stays null
+    limit = settings[0]["trainer"]["limit_train_batches"]
+    assert (limit, type(limit), settings[0]["collective_timeout"]) == (1, int, 40)
+    assert settings[0]["data"]["worker_timeout"] is None
     losses = [[row["train/loss"] for row in read_rows(folder / "version_0" / "metrics.csv") if row.get("train/loss")]
               for folder in (run, moved)]
     assert len(losses[0]) >= 3 and losses[0] == losses[1]

@@ -118,7 +118,7 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout_plus_30_s(tmp_p
     lines = error_lines(job.stderr)
     assert lines == [f"train.py: error: rank 0 timed out after {TEST_TIMEOUT_S} s waiting for the other ranks in a "
                      f"collective (a rank is stuck or was lost; their output says which); resume with --ckpt_path "
-                     f"last, or raise ${TIMEOUT_ENV} (now {TEST_TIMEOUT_S} s) if a step or a checkpoint save can "
+                     f"last, or raise --collective_timeout (now {TEST_TIMEOUT_S} s) if a step or a checkpoint save can "
                      f"legitimately take longer"], job.tail()
     assert "Traceback" not in job.stderr
     assert not on_exception.exists()  # the on-exception save was skipped, not waited for
@@ -151,7 +151,8 @@ def test_a_stalled_data_worker_ends_the_job_with_one_line_within_the_bound(tmp_p
     assert lines == [f"train.py: error: rank 1: a data loader worker delivered no batch for "
                      f"{TEST_TIMEOUT_S // 2} s (the worker stalled: stuck reading, or deadlocked); "
                      f"--data.num_workers 0 (the default) loads in the rank itself; if a batch can legitimately take "
-                     f"that long, raise ${TIMEOUT_ENV} (now {TEST_TIMEOUT_S} s; workers get half)"], job.tail()
+                     f"that long, raise --data.worker_timeout (below --collective_timeout, now {TEST_TIMEOUT_S} "
+                     f"s)"], job.tail()
     assert "Traceback" not in job.stderr
     assert_nothing_left(tmp_path, time.monotonic())
     print(f"stalled data worker on rank 1 -> job exit {job.returncode} in {took:.1f} s")
@@ -200,7 +201,7 @@ def test_ranks_that_cannot_meet_end_with_one_line_within_the_bound(tmp_path, fas
     lines = error_lines(alone.stderr)
     assert len(lines) == 1 and re.fullmatch(
         rf"train\.py: error: rank 0 waited \d+ s for the other ranks to join, and only 1 of 2 did: start every rank "
-        rf"\(same MASTER_ADDR, MASTER_PORT and WORLD_SIZE\) within \${TIMEOUT_ENV} \(now {TEST_TIMEOUT_S} s\) of "
+        rf"\(same MASTER_ADDR, MASTER_PORT and WORLD_SIZE\) within collective_timeout \(now {TEST_TIMEOUT_S} s\) of "
         rf"each other, and check that they can reach MASTER_ADDR:MASTER_PORT", lines[0]), alone.tail()
     assert all("Traceback" not in job.stderr for job in jobs)
     for name in ("busy", "alone"):

@@ -4,6 +4,7 @@ line and an exit code (fashion_mnist_dp/runtime/errors.py)."""
 
 import dataclasses
 import logging
+import signal
 import sys
 import warnings
 from argparse import RawDescriptionHelpFormatter
@@ -13,12 +14,13 @@ from typing import Dict, List, Optional, Sequence
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
 from fashion_mnist_dp.cli import checkpoint_hparams, outputs
-from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files, integer_batch_limits
+from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
@@ -27,8 +29,10 @@ from fashion_mnist_dp.strategies import register_strategies
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
-warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")
-warnings.filterwarnings("ignore", message=r".*torch.distributed.nn.functional.all_gather is deprecated.*")
+HIDDEN_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*",
+                   r".*torch.distributed.nn.functional.all_gather is deprecated.*")
+for _pattern in HIDDEN_WARNINGS:
+    warnings.filterwarnings("ignore", message=_pattern)
 # Lightning 2.6's own lines that are not ours to print: its cloud logger's advertisement at every start
 # (logger_connector.py), and the note that configure_optimizers' step count loads the training data first.
 _NOT_OURS = ("[litlogger](https://pypi.org/project/litlogger/)", "to estimate number of stepping batches")
@@ -48,6 +52,7 @@ class FashionMNISTCLI(LightningCLI):
         return super().init_parser(**kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        compat.batch_limits_count_first(parser)
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="fit only: evaluate the best checkpoint on the test split when training ends")
         # Three settings of callbacks in trainer.callbacks, kept as top-level flags: the links set them on the callbacks
@@ -58,9 +63,12 @@ class FashionMNISTCLI(LightningCLI):
         parser.add_argument("--check_every_n_steps", type=int, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
                             help="the ranks agree on stopping (signal, divergence) every N optimizer steps, and at "
                                  "every validation, epoch end and checkpoint: a signal stops the run within N steps")
+        parser.add_argument("--collective_timeout", type=Optional[float], default=None,
+                            help="seconds a rank waits in a collective or at the rendezvous before it stops (exit 75); "
+                                 f"default: ${lifetime.TIMEOUT_ENV}, else {lifetime.DEFAULT_TIMEOUT_S:g}")
         parser.add_argument("--breakdown", type=Optional[bool], default=None,
-                            help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs until its sampled "
-                                 "form is measured there (docs/benchmarks.md)")
+                            help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs until its "
+                                 "sampled form is measured there (docs/benchmarks.md)")
         parser.link_arguments("breakdown", "trainer.callbacks.init_args.breakdown")
         parser.link_arguments("progress", "trainer.callbacks.init_args.show_progress")
         parser.link_arguments("check_every_n_steps", "trainer.callbacks.init_args.check_every_n_steps")
@@ -74,14 +82,22 @@ class FashionMNISTCLI(LightningCLI):
         or ``last`` in this experiment's checkpoint folder), and check that checkpoint before LightningCLI reads its
         hyperparameters into the config (fashion_mnist_dp/runtime/checkpoint_io.py: verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
-        self._batch_limits = integer_batch_limits(args, [str(DEFAULT_CONFIG)])
         self._resumed, self._stored, self._given = resume.Resume(), {}, checkpoint_hparams.given_keys(args)
         self._lr_origin = getattr(args, "lr_origin", None)  # shorthand's: a network's or optimizer's known-good lr
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
         config = self.config[subcommand]
-        self.save_config_kwargs["filled"] = outputs.fill_output_paths(config)
+        try:  # before any strategy is built: the registry's ddp and fsdp entries take it
+            timeout = lifetime.set_collective_timeout(lifetime.collective_timeout(
+                seconds=config.get("collective_timeout")))
+        except ValueError as error:
+            raise errors.ConfigError(str(error)) from error
+        filled = outputs.fill_output_paths(config)
+        if config.get("data") is not None and "worker_timeout" in config.data and config.data.worker_timeout is None:
+            config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
+            filled.append(("data", None, "worker_timeout"))
+        self.save_config_kwargs["filled"] = filled
         folders = outputs.checkpoint_folders(config)
         if config.get("ckpt_path") == "hpc":  # a file in default_root_dir: checked below like any other
             config.ckpt_path = resume.hpc_checkpoint(config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
@@ -110,11 +126,6 @@ class FashionMNISTCLI(LightningCLI):
             self._notes = checkpoint_hparams.start_note(found, self._resumed.path)
         check_config(config)
 
-    def instantiate_trainer(self, **kwargs):
-        """A whole number of limit_*_batches / overfit_batches is a number of batches, as in Lightning's Python API
-        (the parsed config holds them as floats: fashion_mnist_dp/cli/checks.py)."""
-        return super().instantiate_trainer(**{**self._batch_limits, **kwargs})
-
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``, ``--accelerator tpu`` without torch_xla) is the
         user's mistake: one line."""
@@ -133,7 +144,8 @@ class FashionMNISTCLI(LightningCLI):
             raise errors.ConfigError(f"{key} {path} cannot be built: {type(raised).__name__}: "
                                      f"{errors.one_line(raised)}") from error
         if hasattr(self.model, "start_notes"):
-            self.model.start_notes = [self._lr_note(), *self._notes, *runtime.safety_off(self.trainer)]
+            self.model.start_notes = [self._lr_note(), *self._notes, *unseen_settings(self.trainer),
+                                      *runtime.safety_off(self.trainer)]
 
     def _lr_note(self) -> str:
         """Where the base lr came from: the user's flag or file, a shipped network's or optimizer's known-good lr, or
@@ -173,6 +185,39 @@ class FashionMNISTCLI(LightningCLI):
                       "split)", flush=True)
         # The path, not "best": Lightning would warn that several ModelCheckpoints exist.
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def _handler_name(handler) -> str:
+    names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", None: "not Python's"}
+    return names.get(handler) or f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
+
+
+def unseen_settings(trainer: Trainer) -> List[str]:
+    """Start-block lines for what a run does that its config cannot show as a key, each read from the live object:
+    the strategy's class as it runs (``fsdp`` and ``dp`` are the project's; ``fsdp`` on CPU its ``fsdp_cpu``), the
+    timeout its process group gets, the signal handlers, the warnings and Lightning lines hidden, and whether the
+    step-time breakdown (the ``breakdown`` key) runs here and wraps DDP's comm hook."""
+    strategy = trainer.strategy
+    lines = [f"  strategy class  : {type(strategy).__module__}.{type(strategy).__qualname__}"]
+    timeout = compat.collective_timeout(strategy)
+    if timeout is not None:
+        lines.append(f"  collective wait : {timeout.total_seconds():g} s (collective_timeout; then exit 75)")
+    handlers: Dict[str, List[str]] = {}
+    for signum in (*runtime.SIGNALS, runtime.PEER_FAILED):
+        handlers.setdefault(_handler_name(signal.getsignal(signum)), []).append(signal.Signals(signum).name)
+    lightning = "off" if any(isinstance(c, runtime.Preemption) for c in trainer.callbacks) else "on"
+    lines.append("  signals         : " + "; ".join(f"{', '.join(names)} -> {name}" for name, names in handlers.items())
+                 + f"; Lightning's own handlers {lightning}")
+    hidden = [f for f in warnings.filters if f[0] == "ignore" and f[1] is not None and f[1].pattern in HIDDEN_WARNINGS]
+    lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations, "
+                 f"{len(_NOT_OURS)} of its info lines (fashion_mnist_dp/cli/app.py)")
+    report = next((c for c in trainer.callbacks if hasattr(c, "breakdown_on")), None)
+    if report is not None:
+        on = report.breakdown_on(strategy.root_device.type)
+        hook = "; wraps DDP's comm hook (yours too) to time its all-reduce" if on and isinstance(
+            strategy, DDPStrategy) else ""
+        lines.append(f"  breakdown       : {'on' if on else 'off'} on {strategy.root_device.type} ranks{hook}")
+    return lines
 
 
 class SaveConfigAsGiven(SaveConfigCallback):
@@ -215,10 +260,6 @@ def class_paths(config) -> Dict[str, str]:
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
     """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
     register_strategies()  # dp and FSDP2's fsdp, before the parser validates --trainer.strategy
-    try:
-        lifetime.set_collective_timeout()  # $FASHION_MNIST_COLLECTIVE_TIMEOUT, default 300 s
-    except ValueError as error:
-        raise errors.ConfigError(str(error)) from error
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=args,
                            parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},

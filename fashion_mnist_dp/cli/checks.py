@@ -174,31 +174,6 @@ def yaml_mapping(name: str) -> dict:
     return loaded if isinstance(loaded, dict) else {}
 
 
-BATCH_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
-                "overfit_batches")
-
-
-def integer_batch_limits(args: Sequence[str], defaults: Sequence[str] = ()) -> dict:
-    """The ``trainer.limit_*_batches`` / ``overfit_batches`` given as whole numbers (``defaults`` config files, then
-    ``--config`` files and flags, later wins): Lightning's signature puts float first, so its CLI reads ``1`` as 1.0
-    (100 %) where its Python API reads one batch. The CLI sets them back to ints: a number of batches."""
-    found = {}
-
-    def note(key: str, value) -> None:
-        if key in BATCH_LIMITS:
-            is_count = isinstance(value, int) and not isinstance(value, bool) or \
-                isinstance(value, str) and value.strip().isdigit()
-            found.update({key: int(value)}) if is_count else found.pop(key, None)
-
-    for key, value in [*(("--config", name) for name in defaults), *options(args)]:
-        if key == "--config":
-            for name, setting in (yaml_mapping(value).get("trainer") or {}).items():
-                note(name, setting)
-        elif key.startswith("--trainer."):
-            note(key[len("--trainer."):], value)
-    return found
-
-
 def check_config_file(name: str) -> None:
     """An existing ``--config`` file must hold a YAML mapping; jsonargparse says "Unexpected config:" without the file.
 

@@ -93,11 +93,15 @@ def fill_output_paths(config) -> List[Tuple[str, int, str]]:
     return filled
 
 
-def as_given(config, filled: List[Tuple[str, int, str]]):
-    """A copy of ``config`` with the folders :func:`fill_output_paths` filled back to null: rerun with ``--config``
+def as_given(config, filled: List[Tuple[str, Optional[int], str]]):
+    """A copy of ``config`` with the values train.py derived (:func:`fill_output_paths`' folders, the data
+    workers' timeout) back to null: rerun with ``--config``
     and another ``--trainer.default_root_dir``, it writes there, not into this run's folders."""
     given = config.clone()
     for key, index, argument in filled:
+        if index is None:  # a plain section's key (data.worker_timeout)
+            given[key][argument] = None
+            continue
         entries = given[key] if isinstance(given[key], list) else [given[key]]
         entries[index].init_args[argument] = None
     return given

@@ -6,7 +6,8 @@ Lightning no longer has, so an upgrade breaks one test with a clear message inst
 each is needed: docs/reliability.md.
 """
 
-from typing import Any, Dict, List
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Union
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -16,10 +17,28 @@ CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not 
 
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's handlers run a broadcast (and SLURM's a save and a requeue) inside the signal handler, and its
-    epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read): fashion_mnist_dp/runtime/preemption.py
+    epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read):
+    fashion_mnist_dp/runtime/preemption.py
     replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+BATCH_LIMITS = tuple(f"trainer.limit_{stage}_batches" for stage in ("train", "val", "test", "predict"))
+
+
+def batch_limits_count_first(parser) -> None:
+    """Lightning types ``limit_*_batches`` ``Union[float, int]`` and jsonargparse tries float first, so ``1`` parsed
+    and saved as 1.0 (every batch) where Lightning's Python API reads one batch. Int first: a whole number is a
+    count, in flags, ``--config`` files and the saved config.yaml alike (jsonargparse's action holds the type)."""
+    for action in parser._actions:
+        if action.dest in BATCH_LIMITS:
+            action._typehint = Union[int, float, None]
+
+
+def collective_timeout(strategy) -> Optional[timedelta]:
+    """The timeout a ddp/fsdp strategy hands its process group (None: a strategy of one process)."""
+    return getattr(strategy, "_timeout", None)
 
 
 def between_optimizer_steps(trainer: Trainer) -> bool:
@@ -28,7 +47,8 @@ def between_optimizer_steps(trainer: Trainer) -> bool:
 
 
 def recreate_train_iterator(trainer: Trainer) -> None:
-    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did (fashion_mnist_dp/runtime/resume.py)."""
+    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did
+    (fashion_mnist_dp/runtime/resume.py)."""
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:
         iter(fetcher)

@@ -14,8 +14,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from fashion_mnist_dp.runtime import compat
-from fashion_mnist_dp.runtime.lifetime import (TIMEOUT_ENV, collective_timeout, data_worker_timeout, init_data_worker, kill_data_workers,
-                              kill_stuck_workers_at_exit)
+from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers, kill_stuck_workers_at_exit
 
 
 def _seconds(text: str, pattern: str, scale: float = 1.0) -> Optional[str]:
@@ -25,7 +24,7 @@ def _seconds(text: str, pattern: str, scale: float = 1.0) -> Optional[str]:
 
 def _configured_timeout() -> str:
     try:
-        return f"{collective_timeout().total_seconds():g}"
+        return f"{configured_timeout().total_seconds():g}"
     except ValueError:
         return "?"
 
@@ -41,7 +40,8 @@ def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional
         waited = _seconds(text, r"DataLoader timed out after ([0-9.]+) seconds") or "?"
         return (f"{who}: a data loader worker delivered no batch for {waited} s (the worker stalled: stuck reading, "
                 f"or deadlocked); --data.num_workers 0 (the default) loads in the rank itself; if a batch can "
-                f"legitimately take that long, raise ${TIMEOUT_ENV} (now {timeout} s; workers get half)")
+                f"legitimately take that long, raise --data.worker_timeout (below --collective_timeout, now "
+                f"{timeout} s)")
     if "EADDRINUSE" in text or "address already in use" in text.lower():
         port = re.search(r"port: (\d+)", text)
         where = f"MASTER_PORT {port.group(1)}" if port else "MASTER_PORT"
@@ -51,7 +51,7 @@ def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional
     if joined:
         waited, came, world = joined.groups()
         return (f"{who} waited {waited} s for the other ranks to join, and only {came} of {world} did: start every "
-                f"rank (same MASTER_ADDR, MASTER_PORT and WORLD_SIZE) within ${TIMEOUT_ENV} (now {timeout} s) of "
+                f"rank (same MASTER_ADDR, MASTER_PORT and WORLD_SIZE) within collective_timeout (now {timeout} s) of "
                 f"each other, and check that they can reach MASTER_ADDR:MASTER_PORT")
     unreachable = re.search(r"client socket has timed out after (\d+)ms while trying to connect to \(([^,]+), (\d+)\)",
                             text)
@@ -64,8 +64,8 @@ def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional
             "Watchdog caught collective operation timeout" in text:
         waited = _seconds(text, r"(?:Timed out waiting |Timeout\(ms\)=)(\d+)", 1e-3) or timeout
         return (f"{who} timed out after {waited} s waiting for the other ranks in a collective (a rank is stuck or "
-                f"was lost; their output says which); resume with --ckpt_path last, or raise ${TIMEOUT_ENV} "
-                f"(now {timeout} s) if a step or a checkpoint save can legitimately take longer")
+                f"was lost; their output says which); resume with --ckpt_path last, or raise "
+                f"--collective_timeout (now {timeout} s) if a step or a checkpoint save can legitimately take longer")
     if any(lost in text for lost in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")):
         return (f"{who} lost its connection to another rank in a collective (that rank exited or was killed: its "
                 f"own output says why); resume with --ckpt_path last")
@@ -90,10 +90,8 @@ class JobFaults(Callback):
     stops watching its ranks (it waits for them after its line). configs/default.yaml lists it first."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """A datamodule that takes ``worker_options`` gets its DataLoader workers ended with their rank, and a stalled
-        worker reported after half the collective timeout (torch would wait forever)."""
-        if hasattr(trainer.datamodule, "worker_options"):
-            trainer.datamodule.worker_options = dict(timeout=data_worker_timeout(), worker_init_fn=init_data_worker)
+        """Data workers that stall get SIGKILLed at exit (multiprocessing would wait forever for one)."""
+        if getattr(trainer.datamodule, "num_workers", 0):
             kill_stuck_workers_at_exit()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

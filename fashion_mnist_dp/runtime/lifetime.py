@@ -23,18 +23,20 @@ DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 PEER_FAILED = signal.SIGUSR2  # what a failing srun task sends the other tasks of its step
 
 
-def collective_timeout(environ: Mapping[str, str] = os.environ) -> timedelta:
-    """``$FASHION_MNIST_COLLECTIVE_TIMEOUT`` (seconds, > 0), else 300 s. A bad value raises ValueError."""
-    raw = environ.get(TIMEOUT_ENV, "").strip()
-    if not raw:
+def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optional[float] = None) -> timedelta:
+    """The config's ``collective_timeout`` when given, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s (seconds,
+    > 0). A bad value raises ValueError."""
+    name, raw = ("collective_timeout", str(seconds)) if seconds is not None else \
+        (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, ""))
+    if not raw.strip():
         return timedelta(seconds=DEFAULT_TIMEOUT_S)
     try:
-        seconds = float(raw)
+        value = float(raw)
     except ValueError:
-        seconds = float("nan")
-    if not seconds > 0 or seconds == float("inf"):
-        raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0; got {raw!r}")
-    return timedelta(seconds=seconds)
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a number of seconds > 0; got {raw.strip()!r}")
+    return timedelta(seconds=value)
 
 
 def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
@@ -47,6 +49,12 @@ def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
         if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
             entry.setdefault("init_params", {})["timeout"] = timeout
     return timeout
+
+
+def configured_timeout() -> timedelta:
+    """The timeout this process gave the strategies (:func:`set_collective_timeout`), else the environment's."""
+    timeout = StrategyRegistry["ddp"].get("init_params", {}).get("timeout") if "ddp" in StrategyRegistry else None
+    return timeout if isinstance(timeout, timedelta) else collective_timeout()
 
 
 def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:
@@ -123,10 +131,10 @@ def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     return step if result.returncode == 0 else None
 
 
-def data_worker_timeout(environ: Mapping[str, str] = os.environ) -> float:
+def data_worker_timeout(timeout: timedelta) -> float:
     """Seconds a rank waits for a batch from its workers: half the collective timeout, so the stalled rank reports
     first."""
-    return collective_timeout(environ).total_seconds() / 2
+    return timeout.total_seconds() / 2
 
 
 def init_data_worker(worker_id: int) -> None:

@@ -2,9 +2,14 @@
 
 import pytest
 import torch
+import yaml
+from jsonargparse import ActionConfigFile
+from lightning.pytorch import Trainer
+from lightning.pytorch.cli import LightningArgumentParser
 
 from fashion_mnist_dp.cli.app import main
-from fashion_mnist_dp.cli.checks import check_devices, integer_batch_limits, unwritable_reason
+from fashion_mnist_dp.cli.checks import check_devices, unwritable_reason
+from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.errors import ConfigError
 
 
@@ -60,14 +65,22 @@ def test_unwritable_reason_leaves_nothing_behind(tmp_path):
     assert unwritable_reason("s3://bucket/runs") is None
 
 
-def test_whole_numbers_of_batch_limits_are_counts_and_the_last_one_given_wins(tmp_path):
+def test_whole_numbers_of_batch_limits_parse_and_save_as_counts(tmp_path):
+    """Lightning's Union[float, int] would read ``1`` as 1.0 (every batch) and save it so in config.yaml."""
+    parser = LightningArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action=ActionConfigFile)
+    parser.add_lightning_class_args(Trainer, "trainer")
+    compat.batch_limits_count_first(parser)
     config = tmp_path / "limits.yaml"
-    config.write_text("trainer:\n  limit_val_batches: 3\n  overfit_batches: 0.5\n  max_epochs: 2\n")
-    args = ["fit", "--trainer.limit_train_batches", "1", "--config", str(config), "--trainer.limit_test_batches=1.0",
-            "--trainer.limit_predict_batches=4"]
-    assert integer_batch_limits(args) == {"limit_train_batches": 1, "limit_val_batches": 3, "limit_predict_batches": 4}
-    assert integer_batch_limits(["--trainer.limit_val_batches", "2", "--config", str(config)]) == {"limit_val_batches": 3}
-    assert integer_batch_limits(["--trainer.limit_val_batches", "3", "--trainer.limit_val_batches", "0.5"]) == {}
+    config.write_text("trainer:\n  limit_val_batches: 3\n  limit_predict_batches: 0.5\n")
+    parsed = parser.parse_args(["--trainer.limit_train_batches", "1", "--config", str(config),
+                                "--trainer.limit_test_batches=1.0"])
+    limits = {stage: parsed.trainer[f"limit_{stage}_batches"] for stage in ("train", "val", "test", "predict")}
+    assert limits == {"train": 1, "val": 3, "test": 1.0, "predict": 0.5}
+    assert [type(value) for value in limits.values()] == [int, int, float, float]
+    saved = yaml.safe_load(parser.dump(parsed))["trainer"]
+    assert [type(saved[f"limit_{stage}_batches"]) for stage in ("train", "val", "test", "predict")] == \
+        [int, int, float, float]
 
 
 def test_limit_train_batches_1_trains_one_batch_per_epoch(workdir, fashion_root):

@@ -37,6 +37,7 @@ def required() -> list:
         (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
         (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"), (FSDPModule, "_get_fsdp_state"),
+        (DDPStrategy(), "_timeout"), (ModelParallelStrategy(), "_timeout"),
         (ModelParallelStrategy(), "_tensor_parallel_size"),
         # A hook fashion_mnist_dp/strategies/ overrides: dp's one-process launcher check.
         (ParallelStrategy, "_configure_launcher"),

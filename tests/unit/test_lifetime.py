@@ -16,6 +16,7 @@ from fashion_mnist_dp.runtime.lifetime import (
     TIMEOUT_ENV,
     attempt,
     collective_timeout,
+    configured_timeout,
     data_worker_timeout,
     end_peer_tasks,
     max_restarts,
@@ -44,10 +45,24 @@ FAULTS = {
 def test_the_timeout_comes_from_the_environment_with_a_5_minute_default():
     assert collective_timeout({}) == timedelta(seconds=DEFAULT_TIMEOUT_S) == timedelta(minutes=5)
     assert collective_timeout({TIMEOUT_ENV: "20"}) == timedelta(seconds=20)
-    assert data_worker_timeout({}) == 150 and data_worker_timeout({TIMEOUT_ENV: "20"}) == 10
+    assert data_worker_timeout(collective_timeout({})) == 150
+    assert data_worker_timeout(collective_timeout({TIMEOUT_ENV: "20"})) == 10
     for bad in ("0", "-1", "abc", "inf", "nan"):
         with pytest.raises(ValueError, match=TIMEOUT_ENV):
             collective_timeout({TIMEOUT_ENV: bad})
+        with pytest.raises(ValueError, match="collective_timeout must be a number of seconds > 0"):
+            collective_timeout({}, seconds=float(bad) if bad != "abc" else -1.0)
+
+
+def test_the_config_key_wins_over_the_environment_and_reaches_the_fault_lines():
+    assert collective_timeout({TIMEOUT_ENV: "20"}, seconds=45) == timedelta(seconds=45)
+    try:
+        set_collective_timeout(timedelta(seconds=45))
+        assert configured_timeout() == timedelta(seconds=45)
+        fault = RuntimeError("Timed out waiting 45000ms for recv operation")
+        assert "--collective_timeout (now 45 s)" in describe_fault(fault)
+    finally:
+        set_collective_timeout(timedelta(seconds=DEFAULT_TIMEOUT_S))
 
 
 def test_every_ddp_and_fsdp_strategy_name_gets_the_timeout(monkeypatch):

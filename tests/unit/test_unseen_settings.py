@@ -1,0 +1,73 @@
+"""The start block names what a run does that its config cannot show as a key (fashion_mnist_dp/cli/app.py,
+``unseen_settings``), each line read from the live object: change the object and the line changes."""
+
+import signal
+import warnings
+from datetime import timedelta
+
+from lightning.pytorch import Trainer
+
+from callbacks import ThroughputReport
+from fashion_mnist_dp.cli.app import HIDDEN_WARNINGS, unseen_settings
+from fashion_mnist_dp.runtime import Preemption
+from fashion_mnist_dp.runtime.lifetime import DEFAULT_TIMEOUT_S, set_collective_timeout
+from fashion_mnist_dp.strategies import register_strategies
+
+
+def lines(**kwargs) -> dict:
+    trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, **kwargs)
+    return {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in unseen_settings(trainer)}
+
+
+def test_the_strategy_line_names_the_class_that_runs_and_the_timeout_its_process_group_gets():
+    register_strategies()
+    try:
+        set_collective_timeout(timedelta(seconds=33))
+        ddp = lines(strategy="ddp")
+        assert ddp["strategy class"] == "lightning.pytorch.strategies.ddp.DDPStrategy"
+        assert ddp["collective wait"].startswith("33 s (collective_timeout")
+        set_collective_timeout(timedelta(seconds=44))
+        assert lines(strategy="ddp")["collective wait"].startswith("44 s")
+        fsdp = lines(strategy="fsdp_cpu")
+        assert fsdp["strategy class"] == "fashion_mnist_dp.strategies.fsdp.FullyShardedStrategy"
+        assert fsdp["collective wait"].startswith("44 s")
+    finally:
+        set_collective_timeout(timedelta(seconds=DEFAULT_TIMEOUT_S))
+    single = lines()
+    assert single["strategy class"] == "lightning.pytorch.strategies.single_device.SingleDeviceStrategy"
+    assert "collective wait" not in single  # one process: no process group
+
+
+def own_handler(signum, frame):
+    pass
+
+
+def test_the_signals_line_reads_the_installed_handlers_and_whether_lightnings_are_off():
+    previous = signal.getsignal(signal.SIGUSR2)
+    try:
+        signal.signal(signal.SIGUSR2, own_handler)
+        assert f"SIGUSR2 -> {__name__}.own_handler" in lines()["signals"]
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        assert "SIGUSR2 -> ignored" in lines()["signals"]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert lines()["signals"].endswith("Lightning's own handlers on")
+    assert lines(callbacks=[Preemption()])["signals"].endswith("Lightning's own handlers off")
+
+
+def test_the_hidden_output_line_counts_the_live_warning_filters():
+    with warnings.catch_warnings():  # pytest resets the filters fashion_mnist_dp.cli.app installs when it loads
+        warnings.resetwarnings()
+        assert lines()["hidden output"].startswith("0 warning filter(s)")
+        for pattern in HIDDEN_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        assert lines()["hidden output"].startswith("2 warning filter(s)")
+
+
+def test_the_breakdown_line_says_what_its_config_key_resolves_to_here():
+    assert lines(callbacks=[ThroughputReport()])["breakdown"] == "on on cpu ranks"
+    assert lines(callbacks=[ThroughputReport(breakdown=False)])["breakdown"] == "off on cpu ranks"
+    assert lines(callbacks=[ThroughputReport()], strategy="ddp")["breakdown"] == \
+        "on on cpu ranks; wraps DDP's comm hook (yours too) to time its all-reduce"
+    assert "breakdown" not in lines()
