@@ -22,6 +22,7 @@ from benchmarks.launch import (
     wait_all,
 )
 from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV, die_with_parent
+from tests.conftest import run_train
 from tests.test_preemption import argv, start_launcher
 
 TEST_TIMEOUT_S = 20
@@ -255,3 +256,20 @@ def test_a_signal_while_the_rendezvous_waits_ends_the_process_at_once_with_one_l
     assert "Traceback" not in job.stderr
     assert_nothing_left(tmp_path, time.monotonic())
     print(f"{name} during the rendezvous -> exit {code} in {took:.1f} s")
+
+
+def test_a_rendezvous_address_that_does_not_resolve_ends_the_rank_at_once_with_one_line(tmp_path, fashion_root):
+    """c10d retried a name that does not resolve (a SLURM node name missing from DNS) for the whole timeout, or
+    without end; the rank now checks it before the rendezvous (docs/running-on-clusters.md)."""
+    env = {"MASTER_ADDR": "fmn-nowhere.invalid", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           "NODE_RANK": "0", TIMEOUT_ENV: str(TEST_TIMEOUT_S)}
+    started = time.monotonic()
+    result = run_train(["--data_dir", str(fashion_root), "--network", "mlp", "--strategy", "ddp", "--devices", "1",
+                        "--num_nodes", "2", "--accelerator", "cpu", "--epochs", "1"], cwd=tmp_path, env=env,
+                       timeout=TIMEOUT_S)
+    took = time.monotonic() - started
+    assert result.returncode == TEMPFAIL and took < TEST_TIMEOUT_S, (result.returncode, took, result.stderr[-2000:])
+    assert error_lines(result.stderr) == [
+        "train.py: error: the rendezvous address fmn-nowhere.invalid (MASTER_ADDR) does not resolve on this host: set "
+        "MASTER_ADDR to the IP address of rank 0's node, or make fmn-nowhere.invalid resolve here (DNS, /etc/hosts)"]
+    assert "Traceback" not in result.stderr

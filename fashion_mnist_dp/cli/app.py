@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
-from fashion_mnist_dp.cli import checkpoint_hparams, outputs
+from fashion_mnist_dp.cli import checkpoint_hparams, outputs, slurm
 from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
@@ -160,6 +160,14 @@ class FashionMNISTCLI(LightningCLI):
         """In the launching process, before any rank or process group exists: output folders, the checkpoint, the
         data (local rank 0 of each node), so a bad input ends here with one line instead of inside one rank."""
         check_outputs(self.trainer, self.subcommand)
+        environment = getattr(self.trainer.strategy, "cluster_environment", None)
+        if environment is not None and self.trainer.world_size > 1:
+            try:  # before any rendezvous: a name that does not resolve here made c10d retry it without end
+                note = slurm.rendezvous_address(environment)[1]
+            except LookupError as error:
+                raise errors.JobFault(str(error)) from error
+            if note and hasattr(self.model, "start_notes"):
+                self.model.start_notes.append(note)
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)

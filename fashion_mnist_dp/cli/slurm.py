@@ -1,6 +1,11 @@
-"""The one check of a SLURM job the Trainer cannot read itself: whether srun started the tasks it expects."""
+"""What the Trainer cannot check itself about the job around it: whether srun started the tasks it expects, and
+whether the rendezvous address resolves here (else SLURM's address for that node, or one line)."""
 
-from typing import Mapping, Optional
+import os
+import re
+import socket
+import subprocess
+from typing import Callable, Mapping, MutableMapping, Optional, Tuple
 
 
 def check_slurm_layout(environ: Mapping[str, str], want, nodes: int) -> Optional[str]:
@@ -28,3 +33,41 @@ def check_slurm_layout(environ: Mapping[str, str], want, nodes: int) -> Optional
         return (f"SLURM allocated {slurm_nodes} node(s) but --num_nodes is {nodes}: give --num_nodes {slurm_nodes}, "
                 f"or run '{how}'")
     return None
+
+
+def resolves(host: str) -> bool:
+    try:
+        return bool(socket.getaddrinfo(host, None))
+    except (socket.gaierror, UnicodeError, OSError):
+        return False
+
+
+def slurm_node_address(node: str, run: Callable = subprocess.run) -> Optional[str]:
+    """SLURM's ``NodeAddr`` for ``node`` (``scontrol show node``), or None when SLURM has none or cannot say."""
+    try:
+        shown = run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\bNodeAddr=(\S+)", shown.stdout or "") if shown.returncode == 0 else None
+    return found.group(1) if found and found.group(1) != node else None
+
+
+def rendezvous_address(environment, environ: MutableMapping[str, str] = os.environ,
+                       run: Callable = subprocess.run) -> Tuple[str, Optional[str]]:
+    """The address the ranks meet at (Lightning's cluster environment: ``MASTER_ADDR``, or under SLURM the first
+    node's name from ``SLURM_NODELIST``) and a start-block note when it was replaced. A name that does not resolve
+    here made c10d retry it without end (docs/running-on-clusters.md): under SLURM the node's ``NodeAddr`` is used
+    instead (exported as ``MASTER_ADDR``, which Lightning reads first); otherwise ``LookupError`` with the line."""
+    given = environ.get("MASTER_ADDR")
+    address = environment.main_address
+    if resolves(address):
+        return address, None
+    where = "MASTER_ADDR" if given else "the first node of SLURM_NODELIST"
+    node_address = slurm_node_address(address, run) if "SLURM_JOB_ID" in environ else None
+    if node_address and resolves(node_address):
+        environ["MASTER_ADDR"] = node_address
+        return node_address, f"  rendezvous      : {node_address}, SLURM's NodeAddr of {address} ({address} does not " \
+                             f"resolve here)"
+    slurm = ", and SLURM knows no address for it" if "SLURM_JOB_ID" in environ else ""
+    raise LookupError(f"the rendezvous address {address} ({where}) does not resolve on this host{slurm}: set MASTER_ADDR to the IP address of rank 0's node, or make {address} resolve "
+                      f"here (DNS, /etc/hosts)")

@@ -1,5 +1,7 @@
 """fashion_mnist_dp/cli/checks.py with any machine's counts: the GPU cases run here without a GPU."""
 
+import subprocess
+
 import pytest
 import torch
 import yaml
@@ -109,3 +111,40 @@ def test_a_slurm_task_layout_that_disagrees_with_the_trainer_is_one_line(environ
 
     found = check_slurm_layout(environ, parse_devices(devices), nodes)
     assert found == expected if expected is None else expected in found
+
+
+class Environment:
+    """Lightning's cluster environment as the rendezvous check reads it."""
+
+    def __init__(self, address: str) -> None:
+        self.main_address = address
+
+
+def scontrol(stdout: str, returncode: int = 0):
+    return lambda *args, **kwargs: subprocess.CompletedProcess(args, returncode, stdout=stdout, stderr="")
+
+
+def test_a_rendezvous_name_that_does_not_resolve_takes_slurms_node_address_and_says_so():
+    from fashion_mnist_dp.cli.slurm import rendezvous_address
+
+    environ = {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "fmn[1-2]"}
+    shown = scontrol("NodeName=fmn1 Arch=x86_64 CoresPerSocket=1\n   NodeAddr=127.0.0.1 NodeHostName=fmn1 Version=23.11\n")
+    address, note = rendezvous_address(Environment("fmn1.invalid"), environ, shown)
+    assert (address, environ["MASTER_ADDR"]) == ("127.0.0.1", "127.0.0.1")
+    assert note == "  rendezvous      : 127.0.0.1, SLURM's NodeAddr of fmn1.invalid (fmn1.invalid does not resolve here)"
+    assert rendezvous_address(Environment("localhost"), {"SLURM_JOB_ID": "7"}, shown) == ("localhost", None)
+
+
+def test_a_rendezvous_name_nobody_can_resolve_is_one_line_naming_it_and_what_to_set():
+    from fashion_mnist_dp.cli.slurm import rendezvous_address
+
+    with pytest.raises(LookupError) as raised:  # SLURM knows the node by its name only
+        rendezvous_address(Environment("fmn1.invalid"), {"SLURM_JOB_ID": "7", "SLURM_NODELIST": "fmn1"},
+                           scontrol("NodeName=fmn1.invalid NodeAddr=fmn1.invalid\n"))
+    assert str(raised.value) == (
+        "the rendezvous address fmn1.invalid (the first node of SLURM_NODELIST) does not resolve on this host, and "
+        "SLURM knows no address for it: set MASTER_ADDR to the IP address of rank 0's node, or make fmn1.invalid "
+        "resolve here (DNS, /etc/hosts)")
+    with pytest.raises(LookupError, match=r"^the rendezvous address nowhere.invalid \(MASTER_ADDR\) does not resolve "
+                                          r"on this host: set MASTER_ADDR"):
+        rendezvous_address(Environment("nowhere.invalid"), {"MASTER_ADDR": "nowhere.invalid"}, scontrol("", 1))
