@@ -27,8 +27,8 @@ import signal
 import sys
 
 if os.environ.get("SLURM_STEP_NUM_TASKS", "1") != "1":
-    # Under srun a failed task signals the others (runtime.lifetime.end_peer_tasks). Until the run-time guards
-    # listen (fashion_mnist_dp/runtime/preemption.py), a task still importing ends at once too, with the same code, 1.
+    # Under srun a failed task signals the others. Until fashion_mnist_dp/runtime/signals.py (which says what every
+    # signal does) listens, a task still importing ends at once too, with the same code, 1.
     signal.signal(signal.SIGUSR2, lambda signum, frame: os._exit(1))
 
 from fashion_mnist_dp.cli.app import main  # noqa: E402

@@ -401,13 +401,13 @@ class SigtermAt(Callback):
         self._sent = False
 
     def setup(self, trainer, pl_module, stage):
-        from fashion_mnist_dp.runtime import errors, preemption
+        from fashion_mnist_dp.runtime import errors, signals
 
         self.record = Path(os.environ["SAMPLE_RECORD_DIR"])
         (self.record / f"pid{trainer.global_rank}").write_text(str(os.getpid()))
         if not trainer.is_global_zero:
             return
-        save, requeue, print_line = trainer.save_checkpoint, preemption.requeue, errors.print_line
+        save, requeue, print_line = trainer.save_checkpoint, signals.requeue, errors.print_line
 
         def save_checkpoint(*args, **kwargs):
             self._at("before_save")
@@ -424,12 +424,12 @@ class SigtermAt(Callback):
             print_line(error)
 
         trainer.save_checkpoint = save_checkpoint
-        preemption.requeue, errors.print_line = requeue_then_signal, signal_then_print
+        signals.requeue, errors.print_line = requeue_then_signal, signal_then_print
 
     def _at(self, stage: str) -> None:
-        from fashion_mnist_dp.runtime.preemption import SIGNALS, _received as received
+        from fashion_mnist_dp.runtime.signals import SIGNALS, installed
 
-        if stage != self.stage or self._sent or not received[SIGNALS.index(signal.SIGUSR1)]:
+        if stage != self.stage or self._sent or not installed().received[SIGNALS.index(signal.SIGUSR1)]:
             return
         self._sent = True
         for pid_file in sorted(self.record.glob("pid*")):

@@ -3,23 +3,19 @@ hyperparameters may fill in, the callbacks' order, the test after fit), and ``ma
 line and an exit code (fashion_mnist_dp/runtime/errors.py)."""
 
 import dataclasses
-import logging
-import signal
 import sys
-import warnings
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
-from fashion_mnist_dp.cli import checkpoint_hparams, outputs, slurm
+from fashion_mnist_dp.cli import checkpoint_hparams, outputs, slurm, start_block
 from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
@@ -28,16 +24,16 @@ from fashion_mnist_dp.runtime import checkpoint_io, compat, errors, lifetime, re
 from fashion_mnist_dp.strategies import register_strategies
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-# Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
-HIDDEN_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*",
-                   r".*torch.distributed.nn.functional.all_gather is deprecated.*")
-for _pattern in HIDDEN_WARNINGS:
-    warnings.filterwarnings("ignore", message=_pattern)
-# Lightning 2.6's own lines that are not ours to print: its cloud logger's advertisement at every start
-# (logger_connector.py), and the note that configure_optimizers' step count loads the training data first.
-_NOT_OURS = ("[litlogger](https://pypi.org/project/litlogger/)", "to estimate number of stepping batches")
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
-    lambda record: not any(text in str(record.msg) for text in _NOT_OURS))
+@dataclasses.dataclass
+class RunState:
+    """What the CLI decides in one hook and uses in a later one."""
+
+    given: Set[str]  # the keys the user gave (flags and --config files), over a checkpoint's stored ones
+    lr_origin: Optional[str] = None  # shorthand's: a network's or optimizer's known-good lr, else None
+    resumed: resume.Resume = dataclasses.field(default_factory=resume.Resume)  # --ckpt_path resolved (and read)
+    user_config: Any = None  # the config before LightningCLI put a checkpoint's hyperparameters over it
+    stored: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the checkpoint's stored model settings
+    notes: List[str] = dataclasses.field(default_factory=list)  # start-block lines: given over the checkpoint
 
 
 class FashionMNISTCLI(LightningCLI):
@@ -82,8 +78,7 @@ class FashionMNISTCLI(LightningCLI):
         or ``last`` in this experiment's checkpoint folder), and check that checkpoint before LightningCLI reads its
         hyperparameters into the config (fashion_mnist_dp/runtime/checkpoint_io.py: verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
-        self._resumed, self._stored, self._given = resume.Resume(), {}, checkpoint_hparams.given_keys(args)
-        self._lr_origin = getattr(args, "lr_origin", None)  # shorthand's: a network's or optimizer's known-good lr
+        self.run = RunState(given=checkpoint_hparams.given_keys(args), lr_origin=getattr(args, "lr_origin", None))
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -101,29 +96,28 @@ class FashionMNISTCLI(LightningCLI):
         folders = outputs.checkpoint_folders(config)
         if config.get("ckpt_path") == "hpc":  # a file in default_root_dir: checked below like any other
             config.ckpt_path = resume.hpc_checkpoint(config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
-        self._resumed = resume.resolve(config.get("ckpt_path"), outputs.last_checkpoints(folders), folders,
+        self.run.resumed = resume.resolve(config.get("ckpt_path"), outputs.last_checkpoints(folders), folders,
                                        lifetime.max_restarts(), lifetime.attempt(),
                                        outputs.other_experiments(config, folders) if config.get("ckpt_path") == "last"
                                        else ())
-        config.ckpt_path = self._resumed.path
-        self._user_config = self.config.clone()
-        path = self._resumed.path
+        config.ckpt_path = self.run.resumed.path
+        self.run.user_config = self.config.clone()
+        path = self.run.resumed.path
         if path and not checkpoint_io.is_remote(path) and Path(path).is_file():
             loaded = checkpoint_io.load(path)  # verified, no code runs; a bad file: exit 66
-            self._resumed = dataclasses.replace(self._resumed, checkpoint=loaded)  # read once: resume.prepare uses it
-            self._stored = checkpoint_hparams.stored_model(loaded, path)
-            checkpoint_hparams.check_fits(parser, self.config, subcommand, self._stored, path)
+            self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=loaded)  # read once: for prepare
+            self.run.stored = checkpoint_hparams.stored_model(loaded, path)
+            checkpoint_hparams.check_fits(parser, self.config, subcommand, self.run.stored, path)
 
     def before_instantiate_classes(self) -> None:
         """LightningCLI has put the checkpoint's hyperparameters over the config: the user's given values go back on
         top (fashion_mnist_dp/cli/checkpoint_hparams.py), then the config is checked."""
         config = self.config[self.subcommand]
-        self._notes: List[str] = []
-        if self._stored:
-            user = self._user_config[self.subcommand]
-            applied = checkpoint_hparams.reapply_given(config, user, self._given)
-            found = checkpoint_hparams.differences(applied, user, self._stored)
-            self._notes = checkpoint_hparams.start_note(found, self._resumed.path)
+        if self.run.stored:
+            user = self.run.user_config[self.subcommand]
+            applied = checkpoint_hparams.reapply_given(config, user, self.run.given)
+            found = checkpoint_hparams.differences(applied, user, self.run.stored)
+            self.run.notes = checkpoint_hparams.start_note(found, self.run.resumed.path)
         check_config(config)
 
     def instantiate_classes(self) -> None:
@@ -144,15 +138,15 @@ class FashionMNISTCLI(LightningCLI):
             raise errors.ConfigError(f"{key} {path} cannot be built: {type(raised).__name__}: "
                                      f"{errors.one_line(raised)}") from error
         if hasattr(self.model, "start_notes"):
-            self.model.start_notes = [self._lr_note(), *self._notes, *unseen_settings(self.trainer),
+            self.model.start_notes = [self._lr_note(), *self.run.notes, *start_block.unseen_settings(self.trainer),
                                       *runtime.safety_off(self.trainer)]
 
     def _lr_note(self) -> str:
         """Where the base lr came from: the user's flag or file, a shipped network's or optimizer's known-good lr, or
         configs/default.yaml."""
-        origin = self._lr_origin
+        origin = self.run.lr_origin
         if origin is None:
-            given = "model.optimizer.init_args.lr" in self._given
+            given = "model.optimizer.init_args.lr" in self.run.given
             origin = "a --config file or flag" if given else f"{DEFAULT_CONFIG.parent.name}/{DEFAULT_CONFIG.name}"
         return f"  lr from         : {origin}"
 
@@ -171,8 +165,9 @@ class FashionMNISTCLI(LightningCLI):
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
-        self.config_init[self.subcommand]["ckpt_path"] = resume.prepare(self.trainer, self.subcommand, self._resumed)
-        self._resumed = dataclasses.replace(self._resumed, checkpoint=None)  # Lightning loads its own copy
+        self.config_init[self.subcommand]["ckpt_path"] = resume.prepare(self.trainer, self.subcommand,
+                                                                          self.run.resumed)
+        self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=None)  # Lightning loads its own copy
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
 
@@ -193,39 +188,6 @@ class FashionMNISTCLI(LightningCLI):
                       "split)", flush=True)
         # The path, not "best": Lightning would warn that several ModelCheckpoints exist.
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
-
-
-def _handler_name(handler) -> str:
-    names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", None: "not Python's"}
-    return names.get(handler) or f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
-
-
-def unseen_settings(trainer: Trainer) -> List[str]:
-    """Start-block lines for what a run does that its config cannot show as a key, each read from the live object:
-    the strategy's class as it runs (``fsdp`` and ``dp`` are the project's; ``fsdp`` on CPU its ``fsdp_cpu``), the
-    timeout its process group gets, the signal handlers, the warnings and Lightning lines hidden, and whether the
-    step-time breakdown (the ``breakdown`` key) runs here and wraps DDP's comm hook."""
-    strategy = trainer.strategy
-    lines = [f"  strategy class  : {type(strategy).__module__}.{type(strategy).__qualname__}"]
-    timeout = compat.collective_timeout(strategy)
-    if timeout is not None:
-        lines.append(f"  collective wait : {timeout.total_seconds():g} s (collective_timeout; then exit 75)")
-    handlers: Dict[str, List[str]] = {}
-    for signum in (*runtime.SIGNALS, runtime.PEER_FAILED):
-        handlers.setdefault(_handler_name(signal.getsignal(signum)), []).append(signal.Signals(signum).name)
-    lightning = "off" if any(isinstance(c, runtime.Preemption) for c in trainer.callbacks) else "on"
-    lines.append("  signals         : " + "; ".join(f"{', '.join(names)} -> {name}" for name, names in handlers.items())
-                 + f"; Lightning's own handlers {lightning}")
-    hidden = [f for f in warnings.filters if f[0] == "ignore" and f[1] is not None and f[1].pattern in HIDDEN_WARNINGS]
-    lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations, "
-                 f"{len(_NOT_OURS)} of its info lines (fashion_mnist_dp/cli/app.py)")
-    report = next((c for c in trainer.callbacks if hasattr(c, "breakdown_on")), None)
-    if report is not None:
-        on = report.breakdown_on(strategy.root_device.type)
-        hook = "; wraps DDP's comm hook (yours too) to time its all-reduce" if on and isinstance(
-            strategy, DDPStrategy) else ""
-        lines.append(f"  breakdown       : {'on' if on else 'off'} on {strategy.root_device.type} ranks{hook}")
-    return lines
 
 
 class SaveConfigAsGiven(SaveConfigCallback):
@@ -286,4 +248,5 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     """``python train.py`` and ``fashion-mnist-train``: the exit code (README's table)."""
     argv = list(sys.argv[1:] if args is None else args)
     with runtime.guarded_process():
-        return errors.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank)
+        return errors.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank,
+                               failed_alone=runtime.end_peer_tasks)

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Sequence, Set
 from fashion_mnist_dp.cli.checks import options, yaml_mapping
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND
 from fashion_mnist_dp.runtime import compat
-from fashion_mnist_dp.runtime.errors import CheckpointRefused
+from fashion_mnist_dp.runtime.errors import CheckpointError
 
 MODEL = "model"
 SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}  # model.optimizer.init_args.lr -> --lr
@@ -56,7 +56,7 @@ def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
             module = str(value).rpartition(".")[0]
             if module not in sys.modules:
                 setting = key.rsplit(".", 1)[0]
-                raise CheckpointRefused(
+                raise CheckpointError(
                     f"checkpoint {path} names {setting} {value}, a class from a module this run has not imported, and "
                     f"a checkpoint may not make a run import code: give --{setting} {value} (or the --config that "
                     f"names it) to load it")
@@ -71,7 +71,7 @@ def check_fits(parser, config, subcommand: str, stored: Dict[str, Any], path: st
     try:
         parser.parse_object({subcommand: {MODEL: stored}}, config.clone())
     except Exception as error:  # noqa: BLE001 (jsonargparse raises several kinds)
-        raise CheckpointRefused(f"checkpoint {path} stores model settings this version does not take "
+        raise CheckpointError(f"checkpoint {path} stores model settings this version does not take "
                                 f"({' '.join(str(error).split())[:300]}); give --model.network and the other model "
                                 f"settings it was trained with instead of relying on the checkpoint") from error
 

@@ -14,7 +14,7 @@ import yaml
 
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
-from fashion_mnist_dp.runtime.errors import ConfigError, OutputNotWritableError
+from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
 from fashion_mnist_dp.runtime.lifetime import is_launched_rank, launcher_environment
 from fashion_mnist_dp.strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
 
@@ -229,7 +229,7 @@ def check_outputs(trainer, subcommand: str) -> None:
     for key, folder in folders:
         reason = unwritable_reason(folder) if folder is not None else None
         if reason is not None:
-            raise OutputNotWritableError(
+            raise CantWriteError(
                 f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
                 f"(--trainer.default_root_dir: logs and checkpoints go under it)"
             )

@@ -3,7 +3,7 @@ ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcom
 
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from fashion_mnist_dp.runtime.errors import ShorthandError
+from fashion_mnist_dp.runtime.errors import ConfigError
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -68,7 +68,7 @@ def class_path(key: str, value: str) -> str:
         return value
     if value not in names:
         what = key.rsplit(".", 1)[-1]
-        raise ShorthandError(f"unknown {what} {value!r}: choose one of {', '.join(names)}, or give a class path "
+        raise ConfigError(f"unknown {what} {value!r}: choose one of {', '.join(names)}, or give a class path "
                              f"(e.g. --{what} {next(iter(names.values()))})")
     return names[value]
 
@@ -80,7 +80,7 @@ def _check_lr(flag: str, value: str) -> None:
     except ValueError:
         number = float("nan")
     if not 0 < number < float("inf"):
-        raise ShorthandError(f"{flag} must be a number > 0 (the base learning rate, e.g. {flag} 0.05); got {value}")
+        raise ConfigError(f"{flag} must be a number > 0 (the base learning rate, e.g. {flag} 0.05); got {value}")
 
 
 def shorthand_help() -> str:
@@ -124,7 +124,7 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
             continue
         if value is None:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):
-                raise ShorthandError(f"{key} needs a value, e.g. {key} {EXAMPLE[key]}")
+                raise ConfigError(f"{key} needs a value, e.g. {key} {EXAMPLE[key]}")
             value = args[i + 1]
             i += 1
         i += 1
@@ -138,7 +138,7 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
     for target, uses in given.items():
         if len({value for _, value in uses}) > 1 and len({flag for flag, _ in uses}) > 1:
             shown = " and ".join(f"{flag} {value}" for flag, value in uses)
-            raise ShorthandError(f"conflicting values for {target[2:]}: {shown}; give it once")
+            raise ConfigError(f"conflicting values for {target[2:]}: {shown}; give it once")
     return with_known_good_lr(expanded, given)
 
 

@@ -4,7 +4,6 @@ every private Lightning access (compat). The story of each Lightning gap: docs/r
 """
 
 import os
-import signal
 from contextlib import contextmanager
 from typing import Iterator, List
 
@@ -14,12 +13,14 @@ from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agre
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.divergence import DivergenceGuard
 from fashion_mnist_dp.runtime.faults import JobFaults
-from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, PEER_FAILED, die_with_parent, mark_launcher
-from fashion_mnist_dp.runtime.preemption import SIGNALS, Preemption, install_handlers, watch_outside_training
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
+from fashion_mnist_dp.runtime.signals import PEER_FAILED, SIGNALS, Preemption, end_peer_tasks, handled
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
-__all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "Preemption", "RngState",
-           "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order", "guarded_process", "safety_off"]
+__all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "PEER_FAILED", "Preemption",
+           "RngState", "SIGNALS",
+           "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order", "end_peer_tasks",
+           "guarded_process", "safety_off"]
 
 # The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries
 # (docs/reliability.md has the test of each).
@@ -45,21 +46,15 @@ def safety_off(trainer: Trainer) -> List[str]:
 @contextmanager
 def guarded_process() -> Iterator[None]:
     """What every train.py process does first, undone when ``main`` returns (it may run inside a caller's process):
-    a launched rank dies with its launcher, the launcher tells its ranks its pid, and SIGTERM / SIGUSR1 / Ctrl-C
-    are noted for the next decision point during training, and end the process at once outside it."""
+    a launched rank dies with its launcher, the launcher tells its ranks its pid, and the signal handlers
+    (fashion_mnist_dp/runtime/signals.py) are installed."""
     die_with_parent()
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
     mark_launcher()
-    previous = {signum: signal.getsignal(signum) for signum in (*SIGNALS, PEER_FAILED)}
-    install_handlers()
-    stop_watching = watch_outside_training()
     try:
-        yield
+        with handled():
+            yield
     finally:
-        stop_watching()
-        for signum, handler in previous.items():
-            if handler is not None:
-                signal.signal(signum, handler)
         if launcher_pid is None:
             os.environ.pop(LAUNCHER_PID_ENV, None)
         else:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointWriteError
+from fashion_mnist_dp.runtime.errors import CheckpointError, CantWriteError
 
 SUFFIX = ".sha256"
 CHUNK = 1 << 20
@@ -44,28 +44,28 @@ def file_sha256(path) -> str:
 def verify(path) -> Optional[str]:
     """The sha256 when it matches the sidecar; None when there is no sidecar but the zip archive is sound.
 
-    Raises :class:`CheckpointCorruptError` otherwise, FileNotFoundError when the file is missing.
+    Raises :class:`CheckpointError` otherwise, FileNotFoundError when the file is missing.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if path.stat().st_size == 0:
-        raise CheckpointCorruptError(path, "the file is empty")
+        raise CheckpointError.damaged(path, "the file is empty")
     sidecar = sidecar_path(path)
     if sidecar.is_file():
         words = sidecar.read_text(errors="replace").split()
         expected, actual = (words[0].lower() if words else ""), file_sha256(path)
         if actual != expected:
-            raise CheckpointCorruptError(path, f"sha256 {actual[:12]}... does not match {sidecar.name} "
+            raise CheckpointError.damaged(path, f"sha256 {actual[:12]}... does not match {sidecar.name} "
                                                f"({expected[:12]}...): truncated or changed after it was written")
         return actual
     try:  # no sidecar (e.g. written by plain Lightning): torch.save's zip archive carries a CRC32 per member
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError) as error:
-        raise CheckpointCorruptError(path, f"not a readable checkpoint archive ({error}); no {SUFFIX} file") from error
+        raise CheckpointError.damaged(path, f"not a readable checkpoint archive ({error}); no {SUFFIX} file") from error
     if bad is not None:
-        raise CheckpointCorruptError(path, f"CRC error in {bad}; no {SUFFIX} file")
+        raise CheckpointError.damaged(path, f"CRC error in {bad}; no {SUFFIX} file")
     return None
 
 
@@ -75,23 +75,23 @@ def load(path, map_location: Any = "cpu") -> dict:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
-        raise CheckpointCorruptError(
+        raise CheckpointError.damaged(
             path, "it holds objects other than tensors and plain data, which could run code when loaded, so it was "
                   f"not loaded ({' '.join(str(error).split()[:12])}...); use a checkpoint written by this project"
         ) from error
     except (RuntimeError, EOFError, KeyError, zipfile.BadZipFile) as error:
-        raise CheckpointCorruptError(path, f"torch.load failed: {' '.join(str(error).split())[:200]}") from error
+        raise CheckpointError.damaged(path, f"torch.load failed: {' '.join(str(error).split())[:200]}") from error
 
 
-def newest_valid(candidates: Iterable[Path]) -> Tuple[Optional[Path], List[CheckpointCorruptError]]:
+def newest_valid(candidates: Iterable[Path]) -> Tuple[Optional[Path], List[CheckpointError]]:
     """The most recently written (mtime) candidate that passes :func:`verify`, and the damaged ones seen before it."""
-    rejected: List[CheckpointCorruptError] = []
+    rejected: List[CheckpointError] = []
     existing = [Path(p) for p in candidates if Path(p).is_file()]
     for path in sorted(existing, key=lambda p: p.stat().st_mtime_ns, reverse=True):
         try:
             verify(path)
             return path, rejected
-        except CheckpointCorruptError as error:
+        except CheckpointError as error:
             rejected.append(error)
     return None, rejected
 
@@ -142,11 +142,11 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
             reason = error.strerror or type(error).__name__
             if error.filename and str(error.filename) not in (str(path), str(tmp), str(sidecar), str(sidecar_tmp)):
                 reason += f": {error.filename}"
-            failure = CheckpointWriteError(f"cannot write checkpoint {path}: {reason}")
+            failure = CantWriteError(f"cannot write checkpoint {path}: {reason}")
             failure.errno = error.errno
             raise failure from error
         if written != digest:
-            raise CheckpointWriteError(f"checkpoint {path} reads back with another sha256 than was written")
+            raise CantWriteError(f"checkpoint {path} reads back with another sha256 than was written")
 
     def load_checkpoint(self, path, map_location: Optional[Callable] = lambda storage, loc: storage,
                         weights_only: Optional[bool] = None) -> dict:

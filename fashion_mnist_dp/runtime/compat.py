@@ -18,7 +18,7 @@ CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not 
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's handlers run a broadcast (and SLURM's a save and a requeue) inside the signal handler, and its
     epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read):
-    fashion_mnist_dp/runtime/preemption.py
+    fashion_mnist_dp/runtime/signals.py
     replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None

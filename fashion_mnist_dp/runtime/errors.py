@@ -19,7 +19,6 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from datamodules.files import CorruptDataError, DataNotFoundError
 from fashion_mnist_dp.runtime.faults import describe_fault
-from fashion_mnist_dp.runtime.lifetime import end_peer_tasks
 
 
 class ExitCode(IntEnum):
@@ -61,42 +60,27 @@ class ConfigError(UserFacingError, ValueError):
     every_rank = False
 
 
-class ShorthandError(ConfigError):
-    """The command line cannot be rewritten (fashion_mnist_dp/cli/shorthand.py)."""
-
-
 class DataError(UserFacingError):
     """The data's own errors (datamodules/files.py): IDX files missing and not downloadable, or damaged."""
     exit_code = ExitCode.DATA
 
 
-class CheckpointNotFoundError(UserFacingError, FileNotFoundError):
-    """``--ckpt_path`` names nothing that can be loaded."""
+class CheckpointError(UserFacingError, ValueError):
+    """``--ckpt_path`` names nothing that can be loaded, or a checkpoint that is truncated, damaged, does not match
+    its sha256, holds more than tensors and plain data, or would make the run import a module: not loaded."""
     exit_code = ExitCode.CHECKPOINT
+    path, reason = "", ""
+
+    @classmethod
+    def damaged(cls, path, reason: str) -> "CheckpointError":
+        error = cls(f"checkpoint {path} is damaged: {reason}")
+        error.path, error.reason = str(path), reason
+        return error
 
 
-class CheckpointCorruptError(UserFacingError, ValueError):
-    """A checkpoint is truncated, damaged, does not match its sha256, or holds more than tensors and plain data."""
-    exit_code = ExitCode.CHECKPOINT
-
-    def __init__(self, path, reason: str) -> None:
-        super().__init__(f"checkpoint {path} is damaged: {reason}")
-        self.path = str(path)
-        self.reason = reason
-
-
-class CheckpointRefused(UserFacingError):
-    """A checkpoint that would make the run import a module (a class path of a module not imported): not loaded."""
-    exit_code = ExitCode.CHECKPOINT
-
-
-class OutputNotWritableError(UserFacingError, OSError):
-    """A folder the run must write to (logs, checkpoints) is a file, or not writable."""
-    exit_code = ExitCode.CANT_CREATE
-
-
-class CheckpointWriteError(UserFacingError, OSError):
-    """A checkpoint could not be written; nothing was replaced."""
+class CantWriteError(UserFacingError, OSError):
+    """A folder the run must write to (logs, checkpoints) is a file or not writable, or a checkpoint could not be
+    written (nothing was replaced)."""
     exit_code = ExitCode.CANT_CREATE
 
 
@@ -208,7 +192,7 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
     if isinstance(error, KeyboardInterrupt):
         return Interrupted("interrupted (Ctrl-C)")
     if isinstance(error, OSError) and error.errno in _DISK_FULL:  # a write of the run's: Lightning's, TensorBoard's...
-        return OutputNotWritableError(f"cannot write {error.filename or 'a file of the run'}: {error.strerror}")
+        return CantWriteError(f"cannot write {error.filename or 'a file of the run'}: {error.strerror}")
     interval = _VAL_CHECK_BEYOND_EPOCH.search(one_line(error)) if isinstance(error, ValueError) else None
     if interval:  # Lightning's fit loop, once the loader's length is known
         wanted, batches = interval.groups()
@@ -240,9 +224,12 @@ def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
     error.printed = True
 
 
-def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -> int:
+def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,
+             failed_alone: Callable[[], object] = lambda: None) -> int:
     """Run ``run`` (which returns the rank processes it launched) and return the exit code: 0, or the table's code
-    after the error's one line. ``rank()``: this process's global rank, for faults that name it."""
+    after the error's one line. ``rank()``: this process's global rank, for faults that name it. ``failed_alone()``:
+    called when the failure may be this process's alone (a bug, an error every rank reports itself): under srun
+    the other tasks would wait for it (signals.end_peer_tasks)."""
     try:
         wait_for(run())
         return ExitCode.OK
@@ -251,11 +238,11 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0) -
             raise
         error = as_user_facing(raw, rank())
         if error is None:
-            end_peer_tasks()  # a bug on this task: under srun the others would wait for it
+            failed_alone()
             raise
         if not error.printed and (error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0):
             print_line(error, getattr(raw, "__notes__", ()))
-        if error.every_rank and error.exit_code != ExitCode.OK:  # may be this task's alone: under srun the others
-            end_peer_tasks()                                      # would wait for it
+        if error.every_rank and error.exit_code != ExitCode.OK:
+            failed_alone()
         wait_for(error.children, error.children_grace_s)
         return int(error.exit_code)

@@ -1,6 +1,5 @@
-"""Process lifetime: no collective waits forever, ranks die with their launcher, a failing srun task takes its step's
-other tasks with it, data workers cannot stall a rank, and what a torchrun worker can tell about its restarts. Why
-each: docs/reliability.md, "No unbounded hang".
+"""Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank, and
+what a torchrun worker can tell about its restarts. Why each: docs/reliability.md, "No unbounded hang".
 """
 
 import atexit
@@ -8,7 +7,6 @@ import ctypes
 import multiprocessing
 import os
 import signal
-import subprocess
 import sys
 from datetime import timedelta
 from typing import Mapping, Optional
@@ -20,7 +18,6 @@ DEFAULT_TIMEOUT_S = 300.0
 PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "FASHION_MNIST_LAUNCHER_PID"  # set by a launching train.py for the ranks it starts
 DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-PEER_FAILED = signal.SIGUSR2  # what a failing srun task sends the other tasks of its step
 
 
 def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optional[float] = None) -> timedelta:
@@ -80,7 +77,7 @@ def mark_launcher(environ=os.environ) -> None:
         environ[LAUNCHER_PID_ENV] = str(os.getpid())
 
 
-def _set_death_signal() -> bool:
+def set_death_signal() -> bool:
     """Ask Linux to SIGKILL this process when its parent dies; whether the request took."""
     if not sys.platform.startswith("linux"):
         return False
@@ -96,7 +93,7 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
     if not is_launched_rank(environ):
         return False
     parent = os.getppid()
-    if not _set_death_signal():
+    if not set_death_signal():
         return False
     lightning_rank = not ({"TORCHELASTIC_RUN_ID", "SLURM_PROCID"} & set(environ))  # torchrun/srun: the agent is parent
     launcher = environ.get(LAUNCHER_PID_ENV, "") if lightning_rank else ""
@@ -105,58 +102,17 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
     return True
 
 
-def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """``JOB.STEP`` when this process is one of several tasks srun started for one step, else None (the batch
-    script itself, one task, no SLURM)."""
-    job, step = environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_STEP_ID", "")
-    if _int(environ, "SLURM_STEP_NUM_TASKS") < 2 or not job.isdigit() or not step.isdigit():
-        return None
-    return f"{job}.{step}"
-
-
-def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """Under srun, a task that fails sends :data:`PEER_FAILED` to every task of its step (``scancel --signal``), and
-    ignores it itself: srun ends the other tasks only with ``--kill-on-bad-exit``, and a peer waiting for a rank 0
-    that never created the store would wait twice the collective timeout. Main thread only. The step signalled, or
-    None (not under srun, or scancel failed)."""
-    step = srun_step(environ)
-    if step is None:
-        return None
-    signal.signal(PEER_FAILED, signal.SIG_IGN)
-    try:
-        result = subprocess.run(["scancel", "--quiet", f"--signal={PEER_FAILED.name[3:]}", step],
-                                capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return step if result.returncode == 0 else None
-
-
 def data_worker_timeout(timeout: timedelta) -> float:
     """Seconds a rank waits for a batch from its workers: half the collective timeout, so the stalled rank reports
     first."""
     return timeout.total_seconds() / 2
 
 
-def init_data_worker(worker_id: int) -> None:
-    """``worker_init_fn``: die with the rank; leave SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to it (it stops its
-    workers; srun's ``scancel --signal`` reaches every process of a task)."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, PEER_FAILED):
-        signal.signal(signum, signal.SIG_IGN)
-    rank = multiprocessing.parent_process()
-    if _set_death_signal() and rank is not None and os.getppid() != rank.pid:
-        os._exit(1)  # the rank died before the request took effect
-
-
-_cleanup_registered = False
-
-
 def kill_stuck_workers_at_exit() -> None:
     """Register (once) an exit hook that SIGKILLs data workers still running; it runs before multiprocessing's own,
     which would wait forever for a worker that ignores SIGTERM."""
-    global _cleanup_registered
-    if not _cleanup_registered:
-        _cleanup_registered = True
-        atexit.register(kill_data_workers)
+    atexit.unregister(kill_data_workers)
+    atexit.register(kill_data_workers)
 
 
 def kill_data_workers() -> None:
@@ -174,7 +130,7 @@ def kill_data_workers() -> None:
         child.join(timeout=5)
 
 
-def _int(environ: Mapping[str, str], name: str) -> int:
+def int_from(environ: Mapping[str, str], name: str) -> int:
     try:
         return max(0, int(environ.get(name, "0") or 0))
     except ValueError:
@@ -183,12 +139,12 @@ def _int(environ: Mapping[str, str], name: str) -> int:
 
 def max_restarts(environ: Mapping[str, str] = os.environ) -> int:
     """torchrun's ``--max-restarts`` when this process is one of its workers, else 0."""
-    return _int(environ, "TORCHELASTIC_MAX_RESTARTS")
+    return int_from(environ, "TORCHELASTIC_MAX_RESTARTS")
 
 
 def attempt(environ: Mapping[str, str] = os.environ) -> int:
     """1 for torchrun's first attempt (and outside torchrun), 2 after its first restart, ..."""
-    return _int(environ, "TORCHELASTIC_RESTART_COUNT") + 1
+    return int_from(environ, "TORCHELASTIC_RESTART_COUNT") + 1
 
 
 def shared_store_warning(environ: Mapping[str, str] = os.environ) -> Optional[str]:

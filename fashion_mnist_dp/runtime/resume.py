@@ -16,7 +16,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from fashion_mnist_dp.runtime import checkpoint_io, compat
-from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNotFoundError, NothingToTrain, one_line
+from fashion_mnist_dp.runtime.errors import CheckpointError, NothingToTrain, one_line
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ def hpc_checkpoint(root) -> str:
         if number.isdigit():
             found[int(number)] = path
     if not found:
-        raise CheckpointNotFoundError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
+        raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
                                       f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
     return str(found[max(found)].absolute())
 
@@ -56,12 +56,12 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
     if ckpt_path == "best":
         files = sorted(str(p) for f in folders for p in Path(f).glob("*.ckpt") if not p.name.startswith("last"))
         examples = f"; found: {', '.join(files[:3])}" if files else ""
-        raise CheckpointNotFoundError(
+        raise CheckpointError(
             f"--ckpt_path best means the best checkpoint of this process's own fit, which a new run does not have "
             f"yet; give the file instead (--ckpt_path FILE){examples}")
     if ckpt_path != "last":
         if not Path(ckpt_path).is_file():
-            raise CheckpointNotFoundError(f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or "
+            raise CheckpointError(f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or "
                                           f"--ckpt_path last")
         return Resume(ckpt_path)
     last_files = {Path(p) for p in last_files}
@@ -72,7 +72,7 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
         others = (f"; other experiments have one ({', '.join(elsewhere)}): the folder is named by the run's network, "
                   f"strategy, devices, batch and optimizer, so resume one with the flags it ran with"
                   if elsewhere else "")
-        raise CheckpointNotFoundError(
+        raise CheckpointError(
             f"--ckpt_path last: no last checkpoint (last*.ckpt) in {where}, so there is nothing to resume (Lightning "
             f"would only warn and start from scratch); drop --ckpt_path to start a new run, or give a .ckpt file"
             f"{others}")
@@ -82,7 +82,7 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
         chosen, more = checkpoint_io.newest_valid(others)
         rejected += more
     if chosen is None:
-        raise CheckpointCorruptError(", ".join(e.path for e in rejected), "--ckpt_path last found no valid "
+        raise CheckpointError.damaged(", ".join(e.path for e in rejected), "--ckpt_path last found no valid "
                                      "checkpoint: " + "; ".join(e.reason for e in rejected))
     lines = tuple(f"warning: {one_line(e)}; skipped" for e in rejected)
     if rejected:

@@ -13,7 +13,7 @@ from fashion_mnist_dp.cli.checks import import_class
 from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules import FashionMNISTClassifier, LRPolicy
 from fashion_mnist_dp.cli.app import DEFAULT_CONFIG
-from fashion_mnist_dp.runtime import Agreement, VerifiedCheckpointIO, preemption
+from fashion_mnist_dp.runtime import Agreement, VerifiedCheckpointIO, signals
 
 
 def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD, momentum: float = 0.9,
@@ -27,12 +27,9 @@ def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD
 
 @pytest.fixture
 def clean_signals():
-    """Preemption's module state and this process's signal handlers, as they were before the test."""
-    handlers = {signum: signal.getsignal(signum) for signum in preemption.SIGNALS}
-    yield preemption
-    preemption._received[:] = [False] * len(preemption.SIGNALS)
-    preemption._in_training = False
-    preemption._stopping = False
+    """This process's signal handlers, as they were before the test."""
+    handlers = {signum: signal.getsignal(signum) for signum in (*signals.SIGNALS, signals.PEER_FAILED)}
+    yield signals
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
 

@@ -135,7 +135,7 @@ class Signal(Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         if trainer.global_step + 1 == self.step:
-            runtime.preemption._received[self.index] = True
+            runtime.signals.installed().received[self.index] = True
 
 
 @pytest.mark.parametrize("index, name, code", [(1, "SIGTERM", 143), (0, r"SIGINT \(Ctrl-C\)", 130),

@@ -12,7 +12,7 @@ import torch
 
 from fashion_mnist_dp.cli import app as train
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO, load, newest_valid, verify
-from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointWriteError
+from fashion_mnist_dp.runtime.errors import CheckpointError, CantWriteError
 
 
 def flip_bytes(path: Path, offset: int, count: int = 16) -> None:
@@ -43,14 +43,14 @@ def test_flipped_truncated_or_empty_files_are_refused_with_their_path(tmp_path):
         path = tmp_path / f"{name}.ckpt"
         io.save_checkpoint({"w": torch.randn(1000)}, path)
         damage(path)
-        with pytest.raises(CheckpointCorruptError, match=re.escape(str(path))):
+        with pytest.raises(CheckpointError, match=re.escape(str(path))):
             io.load_checkpoint(path)
     # Without a sidecar (plain Lightning wrote it), the zip archive's CRC32s still catch flipped tensor bytes.
     plain = tmp_path / "plain.ckpt"
     torch.save({"w": torch.randn(1000)}, plain)
     assert verify(plain) is None
     flip_bytes(plain, plain.stat().st_size // 2)
-    with pytest.raises(CheckpointCorruptError, match="CRC|not a readable"):
+    with pytest.raises(CheckpointError, match="CRC|not a readable"):
         verify(plain)
 
 
@@ -73,7 +73,7 @@ def test_a_failed_save_raises_naming_the_path_and_leaves_the_old_file(tmp_path):
     before = path.read_bytes()
     blocker = tmp_path / "file"
     blocker.write_text("a file, not a folder")  # fails as root too, unlike a read-only mode
-    with pytest.raises(CheckpointWriteError, match=re.escape(str(blocker / "last.ckpt"))):
+    with pytest.raises(CantWriteError, match=re.escape(str(blocker / "last.ckpt"))):
         io.save_checkpoint({"step": 2}, blocker / "last.ckpt")
     assert path.read_bytes() == before
 
@@ -100,7 +100,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_with_one_line_and_exit_66(c
                                                                                 subcommand):
     ran = workdir / "payload-ran"
     path = crafted(workdir / "crafted.ckpt", ran)
-    with pytest.raises(CheckpointCorruptError, match="objects other than tensors and plain data"):
+    with pytest.raises(CheckpointError, match="objects other than tensors and plain data"):
         load(path)
     code = train.main([subcommand, "--data_dir", str(fashion_root), "--ckpt_path", str(path)])
     err = capsys.readouterr().err

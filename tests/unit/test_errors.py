@@ -11,10 +11,10 @@ from fashion_mnist_dp.runtime.errors import reported
 
 # README's exit-code table, class by class.
 TABLE = [
-    (errors.ConfigError("bad"), 2), (errors.ShorthandError("bad"), 2), (DataNotFoundError("gone"), 65),
-    (CorruptDataError("bad"), 65), (errors.CheckpointNotFoundError("gone"), 66),
-    (errors.CheckpointCorruptError("x.ckpt", "bad"), 66), (errors.OutputNotWritableError("ro"), 73),
-    (errors.CheckpointWriteError("full"), 73), (errors.TrainingDiverged("nan"), 70), (errors.JobFault("lost"), 75),
+    (errors.ConfigError("bad"), 2), (DataNotFoundError("gone"), 65),
+    (CorruptDataError("bad"), 65), (errors.CheckpointError("gone"), 66),
+    (errors.CheckpointError.damaged("x.ckpt", "bad"), 66), (errors.CantWriteError("ro"), 73),
+    (errors.TrainingDiverged("nan"), 70), (errors.JobFault("lost"), 75),
     (errors.Preempted("stopped", 143), 143), (errors.Preempted("stopped", 130), 130), (errors.NothingToTrain("done"), 0),
     (KeyboardInterrupt(), 130), (ArgumentError(None, "Parser key x"), 2), (MisconfigurationException("bad"), 2),
     (RuntimeError("Connection closed by peer [127.0.0.1]:1"), 75),

@@ -12,18 +12,16 @@ from fashion_mnist_dp.runtime.faults import describe_fault
 from fashion_mnist_dp.runtime.lifetime import (
     DEFAULT_TIMEOUT_S,
     DISABLE_SHARED_STORE,
-    PEER_FAILED,
     TIMEOUT_ENV,
     attempt,
     collective_timeout,
     configured_timeout,
     data_worker_timeout,
-    end_peer_tasks,
     max_restarts,
     set_collective_timeout,
     shared_store_warning,
-    srun_step,
 )
+from fashion_mnist_dp.runtime.signals import PEER_FAILED, end_peer_tasks, srun_step
 from fashion_mnist_dp.strategies import register_strategies
 
 # torch 2.14's messages for these faults (gloo, TCPStore), as the ranks above saw them.

@@ -20,7 +20,7 @@ from datamodules.resumable import (
 )
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.compat import tensorboard_purge_step
-from fashion_mnist_dp.runtime.errors import CheckpointCorruptError, CheckpointNotFoundError
+from fashion_mnist_dp.runtime.errors import CheckpointError
 from fashion_mnist_dp.runtime.resume import (
     Resume,
     TensorBoardRun,
@@ -143,12 +143,12 @@ def test_last_falls_back_to_any_valid_checkpoint_and_fails_when_none_is(tmp_path
     last.write_bytes(b"not a checkpoint")
     assert resolve("last", {last}, [tmp_path]).path == str(best)
     best.unlink()
-    with pytest.raises(CheckpointCorruptError, match="--ckpt_path last found no valid checkpoint"):
+    with pytest.raises(CheckpointError, match="--ckpt_path last found no valid checkpoint"):
         resolve("last", {last}, [tmp_path])
 
 
 def test_last_with_nothing_saved_is_refused_except_under_torchrun_restarts(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match=r"no last checkpoint \(last\*.ckpt\) in .*nothing to resume"):
+    with pytest.raises(CheckpointError, match=r"no last checkpoint \(last\*.ckpt\) in .*nothing to resume"):
         resolve("last", set(), [tmp_path])
     first = resolve("last", set(), [tmp_path], restarts=3, attempt=1)
     assert first.path is None and first.lines[0].endswith("starting a new run (torchrun attempt 1 of 4)")
@@ -156,9 +156,9 @@ def test_last_with_nothing_saved_is_refused_except_under_torchrun_restarts(tmp_p
 
 def test_best_files_and_lightnings_own_keywords(tmp_path):
     save(tmp_path / "best-epoch03.ckpt")
-    with pytest.raises(CheckpointNotFoundError, match="give the file instead.*best-epoch03.ckpt"):
+    with pytest.raises(CheckpointError, match="give the file instead.*best-epoch03.ckpt"):
         resolve("best", set(), [tmp_path])
-    with pytest.raises(CheckpointNotFoundError, match="checkpoint not found: nope.ckpt"):
+    with pytest.raises(CheckpointError, match="checkpoint not found: nope.ckpt"):
         resolve("nope.ckpt", set(), [tmp_path])
     assert resolve(str(tmp_path / "best-epoch03.ckpt"), set(), []) == Resume(str(tmp_path / "best-epoch03.ckpt"))
     assert resolve("s3://bucket/x.ckpt", set(), []).path == "s3://bucket/x.ckpt"

@@ -4,7 +4,7 @@ import pytest
 
 from fashion_mnist_dp.cli.shorthand import (CLASS_NAMES, KNOWN_GOOD_LR, NETWORK_LR, SHORTHAND, expand_args,
                                             find_subcommand)
-from fashion_mnist_dp.runtime.errors import ShorthandError
+from fashion_mnist_dp.runtime.errors import ConfigError
 
 
 def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():
@@ -28,7 +28,7 @@ def test_short_names_stand_for_class_paths_and_unknown_ones_name_the_choices():
         "fit", "--model.network", "lightning_modules.networks.FastCNN", "--model.optimizer", "torch_optimizer.Lamb",
         "--model.optimizer.init_args.lr", KNOWN_GOOD_LR["lamb"]]
     assert expand_args(["--network=my_package.Net"]) == ["fit", "--model.network", "my_package.Net"]
-    with pytest.raises(ShorthandError, match="unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, "
+    with pytest.raises(ConfigError, match="unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, "
                                              "resnet18, or give a class path"):
         expand_args(["--network", "vgg"])
 
@@ -76,12 +76,12 @@ def test_same_key_twice_later_wins_as_in_lightningcli():
 
 def test_shorthand_and_full_key_agreeing_is_fine_disagreeing_is_an_error():
     expand_args(["--epochs", "2", "--trainer.max_epochs", "2"])
-    with pytest.raises(ShorthandError, match=r"conflicting values for trainer.max_epochs: --epochs 2 and --trainer.max_epochs 3"):
+    with pytest.raises(ConfigError, match=r"conflicting values for trainer.max_epochs: --epochs 2 and --trainer.max_epochs 3"):
         expand_args(["--epochs", "2", "--trainer.max_epochs", "3"])
 
 
 def test_shorthand_without_value_says_what_to_give():
-    with pytest.raises(ShorthandError, match=r"--lr needs a value, e.g. --lr 0.05"):
+    with pytest.raises(ConfigError, match=r"--lr needs a value, e.g. --lr 0.05"):
         expand_args(["--lr"])
-    with pytest.raises(ShorthandError, match=r"--devices needs a value"):
+    with pytest.raises(ConfigError, match=r"--devices needs a value"):
         expand_args(["--devices", "--strategy", "ddp"])

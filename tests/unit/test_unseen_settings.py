@@ -1,4 +1,4 @@
-"""The start block names what a run does that its config cannot show as a key (fashion_mnist_dp/cli/app.py,
+"""The start block names what a run does that its config cannot show as a key (fashion_mnist_dp/cli/start_block.py,
 ``unseen_settings``), each line read from the live object: change the object and the line changes."""
 
 import signal
@@ -8,7 +8,7 @@ from datetime import timedelta
 from lightning.pytorch import Trainer
 
 from callbacks import ThroughputReport
-from fashion_mnist_dp.cli.app import HIDDEN_WARNINGS, unseen_settings
+from fashion_mnist_dp.cli.start_block import HIDDEN_WARNINGS, unseen_settings
 from fashion_mnist_dp.runtime import Preemption
 from fashion_mnist_dp.runtime.lifetime import DEFAULT_TIMEOUT_S, set_collective_timeout
 from fashion_mnist_dp.strategies import register_strategies
@@ -57,7 +57,7 @@ def test_the_signals_line_reads_the_installed_handlers_and_whether_lightnings_ar
 
 
 def test_the_hidden_output_line_counts_the_live_warning_filters():
-    with warnings.catch_warnings():  # pytest resets the filters fashion_mnist_dp.cli.app installs when it loads
+    with warnings.catch_warnings():  # pytest resets the filters fashion_mnist_dp.cli.start_block installs when it loads
         warnings.resetwarnings()
         assert lines()["hidden output"].startswith("0 warning filter(s)")
         for pattern in HIDDEN_WARNINGS:

@@ -1,0 +1,253 @@
+"""Signals: what each does at each stage of a train.py process, and the one module that installs their handlers.
+
+| signal | start-up, rendezvous, ``validate``/``test``/``predict``, the test after fit | training (its validations too) |
+|---|---|---|
+| SIGTERM, SLURM's SIGUSR1 | exit 143 at once, one line, nothing saved | noted; at the next decision point every rank stops with a verified ``last.ckpt``, exit 143; SIGUSR1 under SLURM also runs ``scontrol requeue`` once |
+| SIGINT (Ctrl-C) | exit 130 at once, one line | as SIGTERM, exit 130; a second Ctrl-C before a stop is under way stops at once (exit 1) |
+| SIGUSR2, under srun: another task of the step failed | exit 1 at once, one line | the same |
+
+Once a stop is decided, every later signal belongs to it (the requeue's own SIGTERM reaches every task while rank 0
+is still printing), and no rank exits before its end (docs/running-on-clusters.md, "Preemption, step by step"); under
+``accumulate_grad_batches`` > 1 the stop waits for the optimizer step, after an epoch's last batch for the epoch's
+end. Outside training a thread woken by the signal's wakeup byte ends the process: the main thread may wait inside
+torch (the rendezvous) for the whole collective timeout. Data workers ignore all four (their rank stops them).
+Lightning's own handlers are off (its SIGTERM broadcast and SLURM save-and-requeue run inside the handler). Before
+the package is imported, train.py's first lines end an srun task on SIGUSR2 (exit 1); nothing else installs one.
+"""
+
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, List, Mapping, Optional
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from fashion_mnist_dp.runtime import compat, errors
+from fashion_mnist_dp.runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
+from fashion_mnist_dp.runtime.checkpoint_io import sidecar_path, verify
+from fashion_mnist_dp.runtime.errors import ExitCode, Preempted
+from fashion_mnist_dp.runtime.lifetime import int_from, probably_global_rank_zero, set_death_signal
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
+PEER_FAILED = signal.SIGUSR2  # what a failing srun task sends the other tasks of its step
+
+
+def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """``JOB.STEP`` when this process is one of several tasks srun started for one step, else None (the batch
+    script itself, one task, no SLURM)."""
+    job, step = environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_STEP_ID", "")
+    if int_from(environ, "SLURM_STEP_NUM_TASKS") < 2 or not job.isdigit() or not step.isdigit():
+        return None
+    return f"{job}.{step}"
+
+
+def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """Under srun, a task that fails sends :data:`PEER_FAILED` to every task of its step (``scancel --signal``), and
+    ignores it itself: srun ends the other tasks only with ``--kill-on-bad-exit``, and a peer waiting for a rank 0
+    that never created the store would wait twice the collective timeout. Main thread only. The step signalled, or
+    None (not under srun, or scancel failed)."""
+    step = srun_step(environ)
+    if step is None:
+        return None
+    signal.signal(PEER_FAILED, signal.SIG_IGN)
+    try:
+        result = subprocess.run(["scancel", "--quiet", f"--signal={PEER_FAILED.name[3:]}", step],
+                                capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return step if result.returncode == 0 else None
+
+
+def init_data_worker(worker_id: int) -> None:
+    """``worker_init_fn``: die with the rank; leave SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to it (it stops its
+    workers; srun's ``scancel --signal`` reaches every process of a task)."""
+    for signum in (*SIGNALS, PEER_FAILED):
+        signal.signal(signum, signal.SIG_IGN)
+    rank = multiprocessing.parent_process()
+    if set_death_signal() and rank is not None and os.getppid() != rank.pid:
+        os._exit(int(ExitCode.PEER_FAILED))  # the rank died before the request took effect
+
+
+class Handlers:
+    """This process's signal state, held by its handlers (bound methods): which signals arrived (``received``, per
+    :data:`SIGNALS`), whether training runs (they wait for the next decision point), whether a stop is under way."""
+
+    def __init__(self) -> None:
+        self.received = [False] * len(SIGNALS)
+        self.in_training = False
+        self.stopping = False
+
+    def on_signal(self, signum, frame) -> None:
+        """Note the signal for the next decision point; outside training the watching thread ends the process."""
+        index = SIGNALS.index(signum)
+        if signum == signal.SIGINT and self.received[index] and self.in_training and not self.stopping:
+            raise KeyboardInterrupt  # second Ctrl-C: stop at once
+        self.received[index] = True
+
+    def on_peer_failed(self, signum, frame) -> None:
+        """Nothing here: the signal's wakeup byte makes the watching thread end the process."""
+
+    def install(self) -> "Handlers":
+        """Main thread only; under srun also SIGUSR2 from a failed peer."""
+        for signum in SIGNALS:
+            signal.signal(signum, self.on_signal)
+        if srun_step() is not None:
+            signal.signal(PEER_FAILED, self.on_peer_failed)
+        return self
+
+    def watch(self) -> Callable[[], None]:
+        """Start the thread that acts at once on a signal outside training (and on SIGUSR2 always), woken by the
+        signal's wakeup byte; returns the function that stops it."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+        def watch() -> None:
+            while data := os.read(read_fd, 64):
+                for signum in data:
+                    if signum == PEER_FAILED and signal.getsignal(PEER_FAILED) == self.on_peer_failed:
+                        _exit_peer_failed()  # in training too: the failed task will not take part again
+                    if signum in SIGNALS and not self.in_training and not self.stopping:
+                        _exit_outside_training(signum)
+
+        thread = threading.Thread(target=watch, name="signals-outside-training", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            signal.set_wakeup_fd(previous)
+            os.close(write_fd)  # the thread reads the end of the pipe and returns
+            thread.join(timeout=1)
+            os.close(read_fd)
+
+        return stop
+
+
+def installed() -> Optional[Handlers]:
+    """The :class:`Handlers` whose method handles SIGTERM now, if any."""
+    owner = getattr(signal.getsignal(signal.SIGTERM), "__self__", None)
+    return owner if isinstance(owner, Handlers) else None
+
+
+@contextmanager
+def handled() -> Iterator[Handlers]:
+    """The handlers of a train.py process (runtime.guarded_process), and the ones before them back at the end (``main``
+    may run inside a caller's process)."""
+    previous = {signum: signal.getsignal(signum) for signum in (*SIGNALS, PEER_FAILED)}
+    handlers = Handlers().install()
+    stop_watching = handlers.watch()
+    try:
+        yield handlers
+    finally:
+        stop_watching()
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def _exit_peer_failed() -> None:
+    rank = os.environ.get("SLURM_PROCID", "?")
+    print(f"train.py: rank {rank}: stopped because another task of SLURM step {srun_step()} failed (its own line "
+          f"says why)", file=sys.stderr, flush=True)
+    os._exit(int(ExitCode.PEER_FAILED))
+
+
+def _exit_outside_training(signum: int) -> None:
+    interrupted = signum == signal.SIGINT
+    if probably_global_rank_zero():
+        what = "interrupted (Ctrl-C)" if interrupted else f"stopped by {signal.Signals(signum).name}"
+        print(f"train.py: {what} outside training: no step to stop at, nothing saved", file=sys.stderr, flush=True)
+    os._exit(int(ExitCode.INTERRUPTED if interrupted else ExitCode.PREEMPTED))  # the ranks it started die with it
+
+
+def slurm_job_id(environ=os.environ) -> Optional[str]:
+    """``<array job>_<task>`` for an array task, else ``SLURM_JOB_ID``; None when absent or not a job id."""
+    array_job, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array_job}_{task}" if array_job and task else environ.get("SLURM_JOB_ID")
+    return job_id if job_id and re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id) else None
+
+
+def requeue(job_id: str) -> str:
+    """``scontrol requeue JOB_ID``; what happened, for the one line."""
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"requeue of SLURM job {job_id} failed: {error}"
+    if result.returncode != 0:
+        detail = " ".join((result.stderr or result.stdout).split())[:200]
+        return f"requeue of SLURM job {job_id} failed (scontrol exit {result.returncode}: {detail})"
+    return f"SLURM job {job_id} requeued"
+
+
+def last_checkpoint_path(trainer: Trainer) -> Path:
+    """Where ``--ckpt_path last`` will look: the folder of the ModelCheckpoint named ``last`` (else one with
+    ``save_last``, else the first with a folder), file ``last.ckpt``."""
+    callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
+    ranked = ([cb for cb in callbacks if cb.filename == ModelCheckpoint.CHECKPOINT_NAME_LAST]
+              + [cb for cb in callbacks if cb.save_last] + callbacks)
+    folder = Path(ranked[0].dirpath) if ranked else Path(trainer.default_root_dir) / "checkpoints"
+    return folder / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+
+
+class Preemption(Participant):
+    """Stops every rank at the same decision point after a signal, with a verified ``last.ckpt``."""
+
+    size = len(SIGNALS)
+
+    def __init__(self) -> None:
+        self._requeued = False
+        self.handlers = Handlers()  # until setup finds train.py's
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        compat.disable_lightning_signal_handling(trainer)
+        self.handlers = installed() or self.handlers
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.handlers.install()  # again, in case anything replaced them since start-up
+        self.handlers.in_training, self.handlers.stopping = True, False
+
+    def on_train_end(self, *_) -> None:  # also on_exception
+        self.handlers.in_training = False
+
+    on_exception = on_train_end
+
+    def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
+        return torch.tensor([float(x) for x in self.handlers.received], device=pl_module.device)
+
+    def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
+        """Stop now, unless this point is inside another save, between two optimizer steps (accumulated gradients
+        would be lost), or after the epoch's last batch but before its end (the stop waits for the epoch's end, so
+        its checkpoint is an end-of-epoch one). The flags stay set: the ranks decide again at the next point."""
+        flags = [any(row[i] for row in rows) for i in range(self.size)]
+        if not any(flags) or point == BEFORE_SAVE or compat.between_optimizer_steps(trainer):
+            return
+        done, total = trainer.fit_loop.epoch_loop.batch_progress.current.processed, trainer.num_training_batches
+        if point != EPOCH_END and isinstance(total, int) and done >= total:
+            return
+        interrupted, terminated, usr1 = flags
+        name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
+        exit_code = ExitCode.PREEMPTED if terminated or usr1 else ExitCode.INTERRUPTED
+        self.handlers.stopping = True
+        path = last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path, weights_only=False)  # every rank takes part; rank 0 writes, then a barrier
+        message = f"stopped by {name} at optimizer step {trainer.global_step} (epoch {trainer.current_epoch + 1})"
+        if trainer.is_global_zero:
+            digest = verify(path)  # raises CheckpointError (exit 66) if it did not read back
+            check = f"sha256 {digest[:12]}, {sidecar_path(path).name}" if digest else "no sha256 (remote path)"
+            message += f": checkpoint saved and verified: {path} ({check}); resume with --ckpt_path last"
+            job_id = slurm_job_id()
+            if usr1 and job_id is not None and not self._requeued:
+                self._requeued = True
+                message += f"; {requeue(job_id)}"
+        stop = Preempted(message, int(exit_code), rank=trainer.global_rank, children=compat.release_children(trainer))
+        if trainer.is_global_zero:
+            errors.print_line(stop)
+        trainer.strategy.barrier("preempted")  # no rank ends before rank 0 has requeued and printed
+        raise stop
