@@ -29,6 +29,18 @@ def normalise(images: torch.Tensor) -> torch.Tensor:
     return images.float().mul_(1.0 / (255.0 * PIXEL_STD)).sub_(PIXEL_MEAN / PIXEL_STD)
 
 
+def _imported(path: str, argument: str):
+    """The callable an import path names (``package.module.function``), or ValueError saying why not."""
+    module, _, name = path.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"{argument} {path!r} cannot be imported: {error}") from error
+    if not callable(found):
+        raise ValueError(f"{argument} {path!r} is not an import path of a function (package.module.function)")
+    return found
+
+
 class FashionMNISTDataModule(LightningDataModule):
     """Fashion-MNIST: 60,000 training images, validation and test on the 10,000-image test split.
 
@@ -85,6 +97,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
         self.worker_timeout, self.worker_init_fn = worker_timeout, worker_init_fn
+        self._worker_init = _imported(worker_init_fn, "worker_init_fn") if worker_init_fn else None
         self.download = download
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
@@ -165,11 +178,7 @@ class FashionMNISTDataModule(LightningDataModule):
         return torch.device("cpu")
 
     def _loader(self, dataset: InMemoryImages, batch_size: int, sampler=None, loader_class=DataLoader) -> DataLoader:
-        workers = {}
-        if self.num_workers:
-            module, _, name = (self.worker_init_fn or "").rpartition(".")
-            workers = dict(timeout=self.worker_timeout or 0,
-                           worker_init_fn=getattr(importlib.import_module(module), name) if module else None)
+        workers = dict(timeout=self.worker_timeout or 0, worker_init_fn=self._worker_init) if self.num_workers else {}
         return loader_class(
             dataset,
             batch_size=batch_size,

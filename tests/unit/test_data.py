@@ -171,3 +171,23 @@ def test_train_subset_accepts_every_training_image_left_and_not_one_more(fashion
             check()
     if not refused:
         assert len(dm.train_set) == subset
+
+
+def test_the_worker_guards_are_the_data_modules_own_arguments_given_to_its_loaders(fashion_root, capsys, workdir):
+    """configs/default.yaml names them (no callback injects them any more); a bad import path is one line, exit 2."""
+    guarded = FashionMNISTDataModule(data_dir=str(fashion_root), num_workers=1, worker_timeout=7.5,
+                                     worker_init_fn="fashion_mnist_dp.runtime.signals.init_data_worker")
+    guarded.setup("fit")
+    loader = guarded.val_dataloader()
+    from fashion_mnist_dp.runtime.signals import init_data_worker
+    assert (loader.timeout, loader.worker_init_fn) == (7.5, init_data_worker)
+    plain = FashionMNISTDataModule(data_dir=str(fashion_root), worker_timeout=7.5,
+                                   worker_init_fn="fashion_mnist_dp.runtime.signals.init_data_worker")
+    plain.setup("fit")
+    assert (plain.val_dataloader().timeout, plain.val_dataloader().worker_init_fn) == (0, None)  # no workers
+    with pytest.raises(ValueError, match="worker_init_fn 'nowhere.fn' cannot be imported: No module named 'nowhere'"):
+        FashionMNISTDataModule(worker_init_fn="nowhere.fn")
+    assert main(["--data_dir", str(fashion_root), "--data.worker_init_fn", "os", "--epochs", "1"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("train.py: error: worker_init_fn 'os' is not an import path "
+                                                        "of a function (package.module.function) (see python "
+                                                        "train.py --help)")
