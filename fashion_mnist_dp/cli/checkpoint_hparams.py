@@ -30,7 +30,8 @@ def given_keys(args: Sequence[str]) -> Set[str]:
             keys |= set(flat(yaml_mapping(value)))
         elif key.startswith(f"{MODEL}.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
                 and not key.endswith(".class_path"):
-            first, second, rest = key.split(".", 2)  # jsonargparse's --model.optimizer.lr: --model.optimizer.init_args.lr
+            # jsonargparse's --model.optimizer.lr: --model.optimizer.init_args.lr
+            first, second, rest = key.split(".", 2)
             keys.add(f"{first}.{second}.init_args.{rest}" if second in ("network", "optimizer") else key)
         else:
             keys.add(key)

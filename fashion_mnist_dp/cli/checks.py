@@ -64,7 +64,8 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         most = CPU_RANKS_PER_CORE * cores
         allowed = f"give a number of CPU processes from 1 to {most} ({CPU_RANKS_PER_CORE} per core), or auto (1)"
         if isinstance(parsed, list):
-            raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: {allowed}")
+            raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: "
+                              f"{allowed}")
         if parsed == "auto":
             return
         if parsed == -1:
@@ -87,7 +88,8 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         if isinstance(parsed, list):
             bad = [d for d in parsed if not 0 <= d < gpu_count]
             if bad or not parsed or len(set(parsed)) != len(parsed):
-                raise ConfigError(f"{DEVICES_KEY} is {devices!r}: GPU indices must be distinct and visible, {visible}: {allowed}")
+                raise ConfigError(f"{DEVICES_KEY} is {devices!r}: GPU indices must be distinct and visible, {visible}: "
+                                  f"{allowed}")
         elif parsed == 0 or parsed < -1:
             raise ConfigError(f"{DEVICES_KEY} is {parsed}: {allowed}")
         elif parsed > gpu_count:
@@ -147,7 +149,8 @@ def check_config(config) -> None:
     if nodes > 1 and not launcher_environment():
         raise ConfigError(
             f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
-            f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 --master-port 29500 "
+            f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "
+            f"--master-port 29500 "
             f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
             f"(README, \"Several machines\")")
 
@@ -193,7 +196,8 @@ def check_config_file(name: str) -> None:
         raise ConfigError(f"--config {name}: the file is empty; it should hold keys such as trainer:, model:, data:")
     if not isinstance(loaded, dict):
         raise ConfigError(
-            f"--config {name}: holds a {type(loaded).__name__} ({str(loaded)[:40]!r}), not keys such as trainer:, model:, data:"
+            f"--config {name}: holds a {type(loaded).__name__} ({str(loaded)[:40]!r}), not keys such as trainer:, "
+            f"model:, data:"
         )
 
 

@@ -69,5 +69,6 @@ def rendezvous_address(environment, environ: MutableMapping[str, str] = os.envir
         return node_address, f"  rendezvous      : {node_address}, SLURM's NodeAddr of {address} ({address} does not " \
                              f"resolve here)"
     slurm = ", and SLURM knows no address for it" if "SLURM_JOB_ID" in environ else ""
-    raise LookupError(f"the rendezvous address {address} ({where}) does not resolve on this host{slurm}: set MASTER_ADDR to the IP address of rank 0's node, or make {address} resolve "
-                      f"here (DNS, /etc/hosts)")
+    raise LookupError(f"the rendezvous address {address} ({where}) does not resolve on this host{slurm}: set "
+                      f"MASTER_ADDR to the IP address of rank 0's node, or make {address} resolve here (DNS, "
+                      f"/etc/hosts)")

@@ -181,8 +181,8 @@ class DivergenceGuard(Participant):
         warmup = float(getattr(getattr(pl_module, "lr_policy", None), "warmup_epochs", 0.0) or 0.0)
         limit = trainer.limit_train_batches
         smoke_test = (isinstance(limit, int) and not isinstance(limit, bool)) or (limit is not None and limit < 1.0)
-        if accuracy is None or smoke_test or not past_warmup(trainer.current_epoch + self._epoch_fraction(trainer), warmup,
-                                               self.epochs_after_warmup):
+        epoch = trainer.current_epoch + self._epoch_fraction(trainer)
+        if accuracy is None or smoke_test or not past_warmup(epoch, warmup, self.epochs_after_warmup):
             return torch.zeros((), device=pl_module.device)
         accuracy = torch.as_tensor(accuracy, device=pl_module.device).float()
         return ((~torch.isfinite(accuracy)) | (accuracy <= self.chance_accuracy)).float()

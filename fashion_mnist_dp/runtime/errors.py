@@ -93,7 +93,7 @@ class NothingToTrain(UserFacingError):
 
 
 class JobFault(UserFacingError):
-    """A fault of the job (fashion_mnist_dp/runtime/faults.py): every rank that sees it says so; its ranks get 2 s to end."""
+    """A fault of the job (runtime/faults.py): every rank that sees it says so; its ranks get 2 s to end."""
     exit_code = ExitCode.TEMPFAIL
     children_grace_s = 2.0
 

@@ -48,7 +48,7 @@ def hpc_checkpoint(root) -> str:
 def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
             attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
     """``last_files``: the ``last*.ckpt`` candidates; ``folders``: the checkpoint folders; ``restarts``/``attempt``:
-    torchrun's ``--max-restarts`` and this attempt's number (fashion_mnist_dp/runtime/lifetime.py); ``elsewhere``: other experiments'
+    torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py); ``elsewhere``: other experiments'
     folders that hold a last checkpoint (named in the error when ``last`` finds none here)."""
     if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)

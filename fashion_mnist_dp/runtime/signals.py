@@ -1,10 +1,11 @@
 """Signals: what each does at each stage of a train.py process, and the one module that installs their handlers.
 
-| signal | start-up, rendezvous, ``validate``/``test``/``predict``, the test after fit | training (its validations too) |
-|---|---|---|
-| SIGTERM, SLURM's SIGUSR1 | exit 143 at once, one line, nothing saved | noted; at the next decision point every rank stops with a verified ``last.ckpt``, exit 143; SIGUSR1 under SLURM also runs ``scontrol requeue`` once |
-| SIGINT (Ctrl-C) | exit 130 at once, one line | as SIGTERM, exit 130; a second Ctrl-C before a stop is under way stops at once (exit 1) |
-| SIGUSR2, under srun: another task of the step failed | exit 1 at once, one line | the same |
+- SIGTERM and SLURM's SIGUSR1. During training (its validations too): noted; at the next decision point every rank
+  stops with a verified ``last.ckpt``, exit 143; SIGUSR1 under SLURM also runs ``scontrol requeue`` once. Outside
+  training (start-up, the rendezvous, ``validate``/``test``/``predict``, the test after fit): exit 143 at once, one
+  line, nothing saved.
+- SIGINT (Ctrl-C). As SIGTERM, exit 130; during training a second Ctrl-C before a stop is under way stops at once.
+- SIGUSR2, under srun: another task of the step failed. Exit 1 at once, one line, at any stage.
 
 Once a stop is decided, every later signal belongs to it (the requeue's own SIGTERM reaches every task while rank 0
 is still printing), and no rank exits before its end (docs/running-on-clusters.md, "Preemption, step by step"); under
