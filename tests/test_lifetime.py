@@ -21,7 +21,8 @@ from benchmarks.launch import (
     start_all,
     wait_all,
 )
-from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV, die_with_parent
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV
+from fashion_mnist_dp.runtime.signals import die_with_parent
 from tests.conftest import run_train
 from tests.test_preemption import argv, start_launcher
 

@@ -13,8 +13,8 @@ from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agre
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.divergence import DivergenceGuard
 from fashion_mnist_dp.runtime.faults import JobFaults
-from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, die_with_parent, mark_launcher
-from fashion_mnist_dp.runtime.signals import PEER_FAILED, SIGNALS, Preemption, end_peer_tasks, handled
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, mark_launcher
+from fashion_mnist_dp.runtime.signals import PEER_FAILED, SIGNALS, Preemption, die_with_parent, end_peer_tasks, handled
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "PEER_FAILED", "Preemption",

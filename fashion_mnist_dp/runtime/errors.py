@@ -33,6 +33,7 @@ class ExitCode(IntEnum):
     CANT_CREATE = 73  # an output folder or a checkpoint cannot be created or written (EX_CANTCREAT)
     TEMPFAIL = 75  # a rank lost or stuck, a peer that never joined, a busy MASTER_PORT, a stalled data worker
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    LAUNCHER_GONE = 137  # a launched rank whose launcher died before it started (128 + SIGKILL, as if killed)
     PREEMPTED = 143  # SIGTERM or SLURM's SIGUSR1 (128 + SIGTERM)
 
 

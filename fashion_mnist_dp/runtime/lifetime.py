@@ -3,11 +3,9 @@ what a torchrun worker can tell about its restarts. Why each: docs/reliability.m
 """
 
 import atexit
-import ctypes
 import multiprocessing
 import os
 import signal
-import sys
 from datetime import timedelta
 from typing import Mapping, Optional
 
@@ -15,7 +13,6 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParalle
 
 TIMEOUT_ENV = "FASHION_MNIST_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
-PR_SET_PDEATHSIG = 1
 LAUNCHER_PID_ENV = "FASHION_MNIST_LAUNCHER_PID"  # set by a launching train.py for the ranks it starts
 DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
@@ -72,34 +69,9 @@ def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def mark_launcher(environ=os.environ) -> None:
-    """In a launching train.py, tell the ranks it will start its pid (see :func:`die_with_parent`)."""
+    """In a launching train.py, tell the ranks it will start its pid (signals.die_with_parent)."""
     if not is_launched_rank(environ):
         environ[LAUNCHER_PID_ENV] = str(os.getpid())
-
-
-def set_death_signal() -> bool:
-    """Ask Linux to SIGKILL this process when its parent dies; whether the request took."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
-    """In a launched rank, be SIGKILLed when the launcher dies (Linux); exit at once if it already has. Whether set."""
-    if not is_launched_rank(environ):
-        return False
-    parent = os.getppid()
-    if not set_death_signal():
-        return False
-    lightning_rank = not ({"TORCHELASTIC_RUN_ID", "SLURM_PROCID"} & set(environ))  # torchrun/srun: the agent is parent
-    launcher = environ.get(LAUNCHER_PID_ENV, "") if lightning_rank else ""
-    if os.getppid() != parent or (launcher.isdigit() and int(launcher) != parent):
-        os._exit(128 + signal.SIGKILL)
-    return True
 
 
 def data_worker_timeout(timeout: timedelta) -> float:

@@ -6,6 +6,8 @@
   line, nothing saved.
 - SIGINT (Ctrl-C). As SIGTERM, exit 130; during training a second Ctrl-C before a stop is under way stops at once.
 - SIGUSR2, under srun: another task of the step failed. Exit 1 at once, one line, at any stage.
+- SIGKILL from Linux when a launched rank's launcher dies (``PR_SET_PDEATHSIG``): no rank outlives its launcher;
+  one whose launcher is already gone exits 137.
 
 Once a stop is decided, every later signal belongs to it (the requeue's own SIGTERM reaches every task while rank 0
 is still printing), and no rank exits before its end (docs/running-on-clusters.md, "Preemption, step by step"); under
@@ -16,6 +18,7 @@ Lightning's own handlers are off (its SIGTERM broadcast and SLURM save-and-reque
 the package is imported, train.py's first lines end an srun task on SIGUSR2 (exit 1); nothing else installs one.
 """
 
+import ctypes
 import multiprocessing
 import os
 import re
@@ -35,10 +38,36 @@ from fashion_mnist_dp.runtime import compat, errors
 from fashion_mnist_dp.runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from fashion_mnist_dp.runtime.checkpoint_io import sidecar_path, verify
 from fashion_mnist_dp.runtime.errors import ExitCode, Preempted
-from fashion_mnist_dp.runtime.lifetime import int_from, probably_global_rank_zero, set_death_signal
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, int_from, is_launched_rank, probably_global_rank_zero
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
 PEER_FAILED = signal.SIGUSR2  # what a failing srun task sends the other tasks of its step
+PR_SET_PDEATHSIG = 1
+
+
+def set_death_signal() -> bool:
+    """Ask Linux to SIGKILL this process when its parent dies; whether the request took."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
+    """In a launched rank, be SIGKILLed when the launcher dies (Linux); exit at once if it already has. Whether set."""
+    if not is_launched_rank(environ):
+        return False
+    parent = os.getppid()
+    if not set_death_signal():
+        return False
+    lightning_rank = not ({"TORCHELASTIC_RUN_ID", "SLURM_PROCID"} & set(environ))  # torchrun/srun: the agent is parent
+    launcher = environ.get(LAUNCHER_PID_ENV, "") if lightning_rank else ""
+    if os.getppid() != parent or (launcher.isdigit() and int(launcher) != parent):
+        os._exit(int(ExitCode.LAUNCHER_GONE))
+    return True
 
 
 def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:
