@@ -17,11 +17,6 @@ from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers, kill_stuck_workers_at_exit
 
 
-def _seconds(text: str, pattern: str, scale: float = 1.0) -> Optional[str]:
-    match = re.search(pattern, text)
-    return f"{float(match.group(1)) * scale:g}" if match else None
-
-
 def _configured_timeout() -> str:
     try:
         return f"{configured_timeout().total_seconds():g}"
@@ -29,46 +24,52 @@ def _configured_timeout() -> str:
         return "?"
 
 
+BUSY = (" is already in use on this machine (another job, or a process left from one, listens on it): unset "
+        "MASTER_PORT to let train.py pick a free port, or set a free one")
+# What torch says (a regex: named groups; ``_ms`` groups are milliseconds, shown in seconds) and the line it gets
+# (with ``who`` and ``timeout``, the collective timeout; ``waited`` is the timeout unless torch says), in this order.
+FAULTS = (
+    (r"DataLoader timed out after (?P<waited>[0-9.]+) seconds",
+     "{who}: a data loader worker delivered no batch for {waited} s (the worker stalled: stuck reading, or "
+     "deadlocked); --data.num_workers 0 (the default) loads in the rank itself; if a batch can legitimately take that "
+     "long, raise --data.worker_timeout (below --collective_timeout, now {timeout} s)"),
+    (r"(?i)port: (?P<port>\d+).*(?:EADDRINUSE|address already in use)", "{who}: MASTER_PORT {port}" + BUSY),
+    (r"(?i)EADDRINUSE|address already in use", "{who}: MASTER_PORT" + BUSY),
+    (r"Timed out after (?P<waited>\d+) seconds waiting for clients\. (?P<came>\d+)/(?P<world>\d+) clients joined",
+     "{who} waited {waited} s for the other ranks to join, and only {came} of {world} did: start every rank (same "
+     "MASTER_ADDR, MASTER_PORT and WORLD_SIZE) within collective_timeout (now {timeout} s) of each other, and check "
+     "that they can reach MASTER_ADDR:MASTER_PORT"),
+    (r"client socket has timed out after (?P<waited_ms>\d+)ms while trying to connect to \((?P<host>[^,]+), "
+     r"(?P<port>\d+)\)",
+     "{who} could not reach rank 0 at {host}:{port} within {waited} s: start rank 0 too, with the same MASTER_ADDR "
+     "and MASTER_PORT, and check that this machine can reach that address"),
+    (r"Timed out waiting (?P<waited_ms>\d+)ms for (?:recv|send) operation|Watchdog caught collective operation "
+     r"timeout(?:.*?Timeout\(ms\)=(?P<watchdog_ms>\d+))?",
+     "{who} timed out after {waited} s waiting for the other ranks in a collective (a rank is stuck or was lost; "
+     "their output says which); resume with --ckpt_path last, or raise --collective_timeout (now {timeout} s) if a "
+     "step or a checkpoint save can legitimately take longer"),
+    (r"Connection closed by peer|Connection reset by peer|Broken pipe",
+     "{who} lost its connection to another rank in a collective (that rank exited or was killed: its own output says "
+     "why); resume with --ckpt_path last"),
+)
+
+
 def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional[str]:
     """The one line (without ``train.py: error:``) for a fault of the job, or None for any other exception."""
     if not isinstance(error, RuntimeError):
         return None
     text = " ".join(str(error).split())
-    who = f"rank {rank}" if rank is not None else "this rank"
-    timeout = _configured_timeout()
-    if is_data_stall(error):
-        waited = _seconds(text, r"DataLoader timed out after ([0-9.]+) seconds") or "?"
-        return (f"{who}: a data loader worker delivered no batch for {waited} s (the worker stalled: stuck reading, "
-                f"or deadlocked); --data.num_workers 0 (the default) loads in the rank itself; if a batch can "
-                f"legitimately take that long, raise --data.worker_timeout (below --collective_timeout, now "
-                f"{timeout} s)")
-    if "EADDRINUSE" in text or "address already in use" in text.lower():
-        port = re.search(r"port: (\d+)", text)
-        where = f"MASTER_PORT {port.group(1)}" if port else "MASTER_PORT"
-        return (f"{who}: {where} is already in use on this machine (another job, or a process left from one, "
-                f"listens on it): unset MASTER_PORT to let train.py pick a free port, or set a free one")
-    joined = re.search(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined", text)
-    if joined:
-        waited, came, world = joined.groups()
-        return (f"{who} waited {waited} s for the other ranks to join, and only {came} of {world} did: start every "
-                f"rank (same MASTER_ADDR, MASTER_PORT and WORLD_SIZE) within collective_timeout (now {timeout} s) of "
-                f"each other, and check that they can reach MASTER_ADDR:MASTER_PORT")
-    unreachable = re.search(r"client socket has timed out after (\d+)ms while trying to connect to \(([^,]+), (\d+)\)",
-                            text)
-    if unreachable:
-        waited = f"{int(unreachable.group(1)) / 1000:g}"
-        return (f"{who} could not reach rank 0 at {unreachable.group(2)}:{unreachable.group(3)} within {waited} s: "
-                f"start rank 0 too, with the same MASTER_ADDR and MASTER_PORT, and check that this machine can "
-                f"reach that address")
-    if re.search(r"Timed out waiting \d+ms for (recv|send) operation", text) or \
-            "Watchdog caught collective operation timeout" in text:
-        waited = _seconds(text, r"(?:Timed out waiting |Timeout\(ms\)=)(\d+)", 1e-3) or timeout
-        return (f"{who} timed out after {waited} s waiting for the other ranks in a collective (a rank is stuck or "
-                f"was lost; their output says which); resume with --ckpt_path last, or raise "
-                f"--collective_timeout (now {timeout} s) if a step or a checkpoint save can legitimately take longer")
-    if any(lost in text for lost in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")):
-        return (f"{who} lost its connection to another rank in a collective (that rank exited or was killed: its "
-                f"own output says why); resume with --ckpt_path last")
+    for pattern, line in FAULTS:
+        found = re.search(pattern, text)
+        if found:
+            timeout = _configured_timeout()
+            values = {"waited": timeout}
+            for name, value in found.groupdict().items():
+                if value and name.endswith("_ms"):
+                    values["waited"] = f"{int(value) / 1000:g}"
+                elif value:
+                    values[name] = f"{float(value):g}" if name == "waited" else value
+            return line.format(who=f"rank {rank}" if rank is not None else "this rank", timeout=timeout, **values)
     return None
 
 
