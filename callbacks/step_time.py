@@ -176,6 +176,41 @@ def window_results(windows: Sequence[int], marks: Sequence[StepMarks], vectors: 
     return results
 
 
+class EpochParts:
+    """One rank's breakdown of an epoch, handed whole to the report (callbacks/throughput.py): the row it adds to the
+    report's one gather, then the ranks' figures, the epoch's and each window's, from the gathered rows."""
+
+    def __init__(self, epoch: RankEpoch, marks: Sequence[StepMarks], sampled_every: int, same_clock: bool) -> None:
+        self.epoch, self.marks, self.sampled_every, self.same_clock = epoch, marks, sampled_every, same_clock
+        self.windows = by_window(marks)
+
+    def row(self) -> List[float]:
+        e = self.epoch
+        return [*e.parts.values(), e.overlapped_s, e.gradient_bytes, e.buckets, len(e.spans), e.step_std_s,
+                len(self.windows)]
+
+    def combine(self, rows: Sequence[Sequence[float]], gather) -> Tuple[Breakdown, List[Tuple[int, Breakdown]]]:
+        """``rows``: every rank's :meth:`row`; ``gather``: the second collective, once per epoch, for each rank's
+        per-step arrivals and spans (to split comm from wait) and its windows' parts."""
+        n, mine = len(PARTS), self.epoch
+        epochs = [RankEpoch(dict(zip(PARTS, row[:n])), overlapped_s=row[n], gradient_bytes=int(row[n + 1]),
+                            buckets=int(row[n + 2]), step_std_s=row[n + 4]) for row in rows]
+        steps_synced, most = int(max(row[n + 3] for row in rows)), int(max(row[n + 5] for row in rows))
+        sums = [value for group in self.windows.values() for value in window_vector(summarise(group))]
+        pad = [NAN] * (steps_synced - len(mine.spans)) if len(rows) > 1 else []
+        unused = [NAN] * ((n + 1) * (most - len(self.windows)))
+        own = mine.arrivals + pad + mine.spans + pad + sums + unused
+        gathered = gather(own) if len(rows) > 1 else [own]
+        steps = len(mine.arrivals + pad)
+        for epoch, row in zip(epochs, gathered):
+            epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
+        windows = window_results(list(self.windows), self.marks, [row[2 * steps:] for row in gathered], epochs,
+                                 self.same_clock)
+        result = combine(epochs, same_clock=self.same_clock)
+        result.sampled_every = self.sampled_every
+        return result, windows
+
+
 def window_metrics(result: Breakdown) -> Dict[str, float]:
     """A window's columns: ``window/<part>/rank<k>`` in seconds, the slowest rank and its lead."""
     values = {f"window/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)

@@ -2,7 +2,6 @@
 slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0); and where each rank's
 step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather."""
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -220,17 +219,20 @@ class ThroughputReport(Callback):
         """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
         self._sync(trainer)
         mine = self.clock.end_epoch()
-        steps = self.timer.take_epoch() if self.timer is not None else None
-        windows = step_time.by_window(self.timer.marks) if self.timer is not None else {}
-        local = [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s]
-        if steps is not None:
-            local += [*steps.parts.values(), steps.overlapped_s, steps.gradient_bytes, steps.buckets, len(steps.spans),
-                      steps.step_std_s, len(windows)]
-        rows = gather_rows(trainer, local)
+        timer = self.timer
+        parts = step_time.EpochParts(timer.take_epoch(), timer.marks, timer.sample_every,
+                                     trainer.num_nodes == 1 and timer.clock.shared_by_ranks) if timer else None
+        rows = gather_rows(trainer, [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s,
+                                     *(parts.row() if parts else [])])
         figures = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                 getattr(trainer.strategy, "devices_per_process", 1), self.cumulative_s)
         self.cumulative_s = figures["time/cumulative_s"]
-        breakdown = self._breakdown(trainer, rows, steps, windows) if steps is not None else None
+        breakdown = None
+        if parts is not None:
+            breakdown, windows = parts.combine([row[4:] for row in rows], lambda values: gather_rows(trainer, values))
+            for window, result in windows:  # each window's figures at its decision step
+                log_to_loggers(trainer, step_time.window_metrics(result),
+                               step=min((window + 1) * self.every, trainer.global_step) - 1)
         log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
                                  "epoch": trainer.current_epoch, **figures})
         validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
@@ -245,31 +247,6 @@ class ThroughputReport(Callback):
                     bar.print(text)  # through the bar, so it is not broken
                 else:
                     print(text, flush=True)
-
-    def _breakdown(self, trainer: Trainer, rows: List[List[float]], mine: step_time.RankEpoch,
-                   windows: Dict[int, list]):
-        """The ranks' parts from the gathered rows; each rank's per-step marks (to split comm from wait) and ``windows``'
-        parts travel in a second collective, once per epoch. Each window's figures are logged at its decision step."""
-        epochs = [step_time.RankEpoch(dict(zip(step_time.PARTS, row[4:11])), overlapped_s=row[11],
-                                      gradient_bytes=int(row[12]), buckets=int(row[13]), step_std_s=row[15])
-                  for row in rows]
-        synced, most = int(max(row[14] for row in rows)), int(max(row[16] for row in rows))
-        sums = [value for group in windows.values() for value in step_time.window_vector(step_time.summarise(group))]
-        pad = [math.nan] * (synced - len(mine.spans)) if len(rows) > 1 else []
-        unused = [math.nan] * ((len(step_time.PARTS) + 1) * (most - len(windows)))
-        mine_row = mine.arrivals + pad + mine.spans + pad + sums + unused
-        gathered = gather_rows(trainer, mine_row) if len(rows) > 1 else [mine_row]
-        steps = len(mine.arrivals + pad)
-        for epoch, row in zip(epochs, gathered):
-            epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
-        same_clock = trainer.num_nodes == 1 and self.timer.clock.shared_by_ranks
-        vectors = [row[2 * steps:] for row in gathered]
-        for window, result in step_time.window_results(list(windows), self.timer.marks, vectors, epochs, same_clock):
-            log_to_loggers(trainer, step_time.window_metrics(result),
-                           step=min((window + 1) * self.every, trainer.global_step) - 1)
-        result = step_time.combine(epochs, same_clock=same_clock)
-        result.sampled_every = self.timer.sample_every
-        return result
 
     def state_dict(self) -> dict:
         return {"cumulative_s": self.cumulative_s}
