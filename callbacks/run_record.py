@@ -39,6 +39,7 @@ class MetricsCSV(TensorBoardLogger):
         super().__init__(save_dir or "runs", name=name, version=version, default_hp_metric=default_hp_metric,
                          **kwargs)
         self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
+        self.purge_step = kwargs.get("purge_step")  # SummaryWriter's: a resumed run's step (train.py sets it)
         self._written: Tuple[int, List[str], str] = (0, [], "")  # rows in the file, its columns, its text
 
     @property
@@ -49,7 +50,7 @@ class MetricsCSV(TensorBoardLogger):
     def log_metrics(self, metrics: Dict[str, float], step: Optional[int] = None) -> None:
         super().log_metrics(metrics, step)
         if self.rows is None:
-            resumed_at = compat.tensorboard_purge_step(self) or 0
+            resumed_at = self.purge_step or 0
             self.rows = [row for row in read_rows(self.path) if float(row.get("step") or 0) < resumed_at]
         self.rows.append({"step": step, **{key: float(value) for key, value in metrics.items()}})
 

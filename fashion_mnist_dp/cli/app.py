@@ -108,6 +108,9 @@ class FashionMNISTCLI(LightningCLI):
             self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=loaded)  # read once: for prepare
             self.run.stored = checkpoint_hparams.stored_model(loaded, path)
             checkpoint_hparams.check_fits(parser, self.config, subcommand, self.run.stored, path)
+        if subcommand == "fit":  # before any logger is built: a continued run's folder, or a new one
+            continued = self.run.resumed.checkpoint if self.run.resumed.continue_run else None
+            self.save_config_kwargs["filled"] += outputs.tensorboard_runs(config, continued)
 
     def before_instantiate_classes(self) -> None:
         """LightningCLI has put the checkpoint's hyperparameters over the config: the user's given values go back on

@@ -3,6 +3,7 @@
 experiment, ``<default_root_dir>/<name>/checkpoints/``, which ``--ckpt_path last`` searches (README, "What a run
 writes"). Plain functions of the parsed config, so a test can give them any machine's values."""
 
+import os
 import re
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
@@ -90,6 +91,28 @@ def fill_output_paths(config) -> List[Tuple[str, int, str]]:
             if entry.init_args.get(argument) is None:
                 entry.init_args[argument] = value
                 filled.append(("trainer.logger", loggers.index(entry), argument))
+    return filled
+
+
+def tensorboard_runs(config, checkpoint: Optional[dict]) -> List[Tuple[str, Optional[int], str]]:
+    """For a fit, before any logger is built: each TensorBoard logger without a ``version`` continues the
+    ``checkpoint``'s run folder when it is this logger's (``--ckpt_path last``: its version, purged from the
+    checkpoint's step on, with metrics.csv), else opens a new run with a purge at step 0 (TensorBoard ignores a run's
+    first START, so a later purge is honoured). Lightning's own ``version`` and SummaryWriter's ``purge_step``; what
+    it filled, for :func:`as_given`."""
+    run = ((checkpoint or {}).get("callbacks") or {}).get("TensorBoardRun") or {}
+    step = int((checkpoint or {}).get("global_step", 0))
+    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
+    filled: List[Tuple[str, Optional[int], str]] = []
+    for entry in _entries(config.trainer.logger, TensorBoardLogger):
+        args, index = entry.init_args, loggers.index(entry)
+        ours = run.get("root") == os.path.abspath(os.path.join(args.save_dir, args.name or ""))
+        if args.get("version") is None and run.get("version") is not None and ours:
+            args.version, args.purge_step = run["version"], step
+            filled += [("trainer.logger", index, "version"), ("trainer.logger", index, "purge_step")]
+        elif args.get("purge_step") is None:
+            args.purge_step = 0
+            filled.append(("trainer.logger", index, "purge_step"))
     return filled
 
 

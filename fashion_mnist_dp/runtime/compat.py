@@ -54,26 +54,6 @@ def recreate_train_iterator(trainer: Trainer) -> None:
         iter(fetcher)
 
 
-def tensorboard_writer_open(logger: TensorBoardLogger) -> bool:
-    """Whether the logger's SummaryWriter exists already (its version and purge step can no longer change)."""
-    return logger._experiment is not None
-
-
-def tensorboard_version_chosen(logger: TensorBoardLogger) -> bool:
-    return logger._version is not None
-
-
-def set_tensorboard_run(logger: TensorBoardLogger, purge_step: int, version=None) -> None:
-    """Before the writer opens: log into ``version`` (default: Lightning's next) with SummaryWriter's ``purge_step``."""
-    if version is not None:
-        logger._version = version
-    logger._kwargs["purge_step"] = purge_step
-
-
-def tensorboard_purge_step(logger: TensorBoardLogger):
-    return logger._kwargs.get("purge_step")
-
-
 def write_tensorboard_summaries(logger: TensorBoardLogger, summaries) -> None:
     """Summaries written as they are (``SummaryWriter.add_hparams`` would open a second run folder)."""
     writer = logger.experiment._get_file_writer()

@@ -182,36 +182,13 @@ class TensorBoardRun(Callback):
         return {} if self._logger is None else {"root": _root(self._logger), "version": self._logger.version}
 
 
-def start_run(loggers) -> None:
-    """A new run: each writer opens with a START event at step 0 (TensorBoard ignores a run's first START, so a
-    later purge at a resumed step is honoured)."""
-    for logger in _tensorboard_loggers(loggers):
-        if not compat.tensorboard_writer_open(logger) and compat.tensorboard_purge_step(logger) is None:
-            compat.set_tensorboard_run(logger, purge_step=0)
-
-
-def continue_run(loggers, checkpoint: Dict[str, Any]) -> Optional[str]:
-    """Log into the checkpoint's run folder from its global step on; returns that folder, or None (a new one)."""
-    run = (checkpoint.get("callbacks") or {}).get(TensorBoardRun.__qualname__) or {}
-    step = int(checkpoint.get("global_step", 0))
-    continued = None
-    for logger in _tensorboard_loggers(loggers):
-        if compat.tensorboard_writer_open(logger):
-            continue
-        if (run.get("version") is not None and run.get("root") == _root(logger)
-                and not compat.tensorboard_version_chosen(logger)):
-            compat.set_tensorboard_run(logger, purge_step=step, version=run["version"])
-            continued = continued or logger.log_dir
-    return continued
-
-
 # ------------------------------------------------------------------ for one trainer
 
 
 def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]:
     """Apply a resolved ``--ckpt_path`` (:func:`resolve`, from the config's checkpoint folders) to ``trainer`` before
     anything launches and return what the subcommand loads: prints the resolution's warnings on rank 0; in fit, raises
-    NothingToTrain for a finished run and continues the checkpoint's TensorBoard run (``last``) or starts a new one."""
+    NothingToTrain for a finished run (its TensorBoard run was chosen in the config: cli/outputs.tensorboard_runs)."""
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
@@ -221,8 +198,4 @@ def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]
         done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if subcommand == "fit" else None
         if done:
             raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
-        if subcommand == "fit" and resumed.continue_run:
-            continue_run(trainer.loggers, checkpoint)
-    if subcommand == "fit":
-        start_run(trainer.loggers)  # every TensorBoard logger not continued above
     return resumed.path

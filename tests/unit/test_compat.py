@@ -34,7 +34,7 @@ def required() -> list:
         (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
         (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
         (trainer.fit_loop, "_data_fetcher"),
-        (logger, "_experiment"), (logger, "_version"), (logger, "_kwargs"), (SummaryWriter, "_get_file_writer"),
+        (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
         (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"), (FSDPModule, "_get_fsdp_state"),
         (DDPStrategy(), "_timeout"), (ModelParallelStrategy(), "_timeout"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from jsonargparse import Namespace
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import SequentialSampler
 
@@ -18,18 +19,16 @@ from datamodules.resumable import (
     ResumableLoader,
     check_position,
 )
+from fashion_mnist_dp.cli.outputs import tensorboard_runs
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
-from fashion_mnist_dp.runtime.compat import tensorboard_purge_step
 from fashion_mnist_dp.runtime.errors import CheckpointError
 from fashion_mnist_dp.runtime.resume import (
     Resume,
     TensorBoardRun,
     capture,
-    continue_run,
     finished_training,
     resolve,
     restore,
-    start_run,
 )
 
 
@@ -174,22 +173,30 @@ def test_a_run_is_finished_by_epochs_or_steps():
 
 
 def test_last_continues_the_checkpoints_tensorboard_run_from_its_step(tmp_path):
-    """A new run's writer opens with a purge at step 0; ``last`` reopens the checkpoint's version, purged at its
-    step, and a checkpoint of another folder starts a new version."""
+    """In the config, before any logger is built: a new run opens with a purge at step 0; ``last`` reopens the
+    checkpoint's version, purged at its step; a checkpoint of another folder, or a version the user chose, starts
+    as given. The filled keys stay null in the saved config.yaml."""
     first = TensorBoardLogger(save_dir=tmp_path, name="fm")
-    start_run([first])
     first.log_metrics({"x": 1.0}, step=0)
     run = TensorBoardRun()
     run._logger = first
     checkpoint = {"global_step": 16, "callbacks": {"TensorBoardRun": run.state_dict()}}
-    resumed = TensorBoardLogger(save_dir=tmp_path, name="fm")
-    assert continue_run([resumed], checkpoint) == first.log_dir and resumed.version == first.version
-    assert tensorboard_purge_step(resumed) == 16
-    other = TensorBoardLogger(save_dir=tmp_path / "elsewhere", name="fm")
-    assert continue_run([other], checkpoint) is None
-    start_run([other])
-    assert tensorboard_purge_step(other) == 0
-    assert other.version == 0 and resumed.log_dir != other.log_dir
+
+    def config(save_dir, version=None):
+        logger = Namespace(class_path="callbacks.run_record.MetricsCSV",
+                           init_args=Namespace(save_dir=str(save_dir), name="fm", version=version, purge_step=None))
+        return Namespace(trainer=Namespace(logger=[logger]))
+
+    resumed = config(tmp_path)
+    filled = tensorboard_runs(resumed, checkpoint)
+    assert filled == [("trainer.logger", 0, "version"), ("trainer.logger", 0, "purge_step")]
+    assert (resumed.trainer.logger[0].init_args.version, resumed.trainer.logger[0].init_args.purge_step) == (0, 16)
+    for other in (config(tmp_path / "elsewhere"), config(tmp_path, version=3)):
+        assert tensorboard_runs(other, checkpoint) == [("trainer.logger", 0, "purge_step")]
+        assert other.trainer.logger[0].init_args.purge_step == 0
+    new = config(tmp_path)
+    assert tensorboard_runs(new, None) == [("trainer.logger", 0, "purge_step")]
+    assert (new.trainer.logger[0].init_args.version, new.trainer.logger[0].init_args.purge_step) == (None, 0)
 
 
 @pytest.mark.parametrize("world, rank", [(1, 0), (2, 1)])
