@@ -35,11 +35,13 @@ class MetricsCSV(TensorBoardLogger):
     every write replaces the file whole (a reader never sees half a row)."""
 
     def __init__(self, save_dir: Optional[str] = None, name: Optional[str] = None,
-                 version: Optional[Union[int, str]] = None, default_hp_metric: bool = False, **kwargs: Any) -> None:
+                 version: Optional[Union[int, str]] = None, default_hp_metric: bool = False,
+                 purge_step: Optional[int] = None, **kwargs: Any) -> None:
+        """``purge_step``: SummaryWriter's; train.py sets it (and ``version``) to continue a resumed run's folder."""
         super().__init__(save_dir or "runs", name=name, version=version, default_hp_metric=default_hp_metric,
-                         **kwargs)
+                         purge_step=purge_step, **kwargs)
         self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
-        self.purge_step = kwargs.get("purge_step")  # SummaryWriter's: a resumed run's step (train.py sets it)
+        self.purge_step = purge_step
         self._written: Tuple[int, List[str], str] = (0, [], "")  # rows in the file, its columns, its text
 
     @property

@@ -3,6 +3,7 @@
 experiment, ``<default_root_dir>/<name>/checkpoints/``, which ``--ckpt_path last`` searches (README, "What a run
 writes"). Plain functions of the parsed config, so a test can give them any machine's values."""
 
+import inspect
 import os
 import re
 from pathlib import Path
@@ -98,14 +99,17 @@ def tensorboard_runs(config, checkpoint: Optional[dict]) -> List[Tuple[str, Opti
     """For a fit, before any logger is built: each TensorBoard logger without a ``version`` continues the
     ``checkpoint``'s run folder when it is this logger's (``--ckpt_path last``: its version, purged from the
     checkpoint's step on, with metrics.csv), else opens a new run with a purge at step 0 (TensorBoard ignores a run's
-    first START, so a later purge is honoured). Lightning's own ``version`` and SummaryWriter's ``purge_step``; what
-    it filled, for :func:`as_given`."""
+    first START, so a later purge is honoured). Lightning's own ``version`` and SummaryWriter's ``purge_step``, for a
+    logger class that takes ``purge_step`` by name (MetricsCSV; Lightning's own opens a new version folder, as in
+    Lightning); what it filled, for :func:`as_given`."""
     run = ((checkpoint or {}).get("callbacks") or {}).get("TensorBoardRun") or {}
     step = int((checkpoint or {}).get("global_step", 0))
     loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
     filled: List[Tuple[str, Optional[int], str]] = []
     for entry in _entries(config.trainer.logger, TensorBoardLogger):
         args, index = entry.init_args, loggers.index(entry)
+        if "purge_step" not in inspect.signature(import_class(entry.class_path)).parameters:
+            continue
         ours = run.get("root") == os.path.abspath(os.path.join(args.save_dir, args.name or ""))
         if args.get("version") is None and run.get("version") is not None and ours:
             args.version, args.purge_step = run["version"], step
