@@ -6,12 +6,15 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks.launch import (
+    REPO,
     TRAIN_PY,
     _alive,
     clean_env,
@@ -257,6 +260,29 @@ def test_a_signal_while_the_rendezvous_waits_ends_the_process_at_once_with_one_l
     assert "Traceback" not in job.stderr
     assert_nothing_left(tmp_path, time.monotonic())
     print(f"{name} during the rendezvous -> exit {code} in {took:.1f} s")
+
+
+@pytest.mark.parametrize("reported", [True, False], ids=["after-its-line", "before-any-line"])
+def test_a_sigterm_after_the_processs_own_line_ends_it_with_that_code_and_no_second_line(reported):
+    """A rank that failed prints its line, then signals its step (scancel, which waits on a dead node's slurmd); srun
+    --kill-on-bad-exit's SIGTERM came meanwhile, and the watcher printed "stopped by SIGTERM outside training" and
+    exited 143 over the rank's own line and 75 (seen on the two-node SLURM, tests/cluster/test_two_nodes.py)."""
+    code = ("import os, signal, time\n"
+            "from fashion_mnist_dp.runtime import signals\n"
+            "handlers = signals.Handlers().install()\n"
+            "handlers.watch()\n"
+            "print('train.py: error: the first line', flush=True)\n"
+            f"{'handlers.exiting(75)' if reported else 'pass'}\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "time.sleep(30)\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                            timeout=120)
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("train.py:")]
+    if reported:
+        assert (result.returncode, lines) == (75, ["train.py: error: the first line"]), result.stderr
+    else:  # a signal before any line: the watcher's own line and 143, as before
+        assert result.returncode == 143 and lines[1:] == [
+            "train.py: stopped by SIGTERM outside training: no step to stop at, nothing saved"], result.stderr
 
 
 def test_a_rendezvous_address_that_does_not_resolve_ends_the_rank_at_once_with_one_line(tmp_path, fashion_root):

@@ -250,6 +250,6 @@ def _run(argv: List[str]) -> list:
 def main(args: Optional[Sequence[str]] = None) -> int:
     """``python train.py`` and ``fashion-mnist-train``: the exit code (README's table)."""
     argv = list(sys.argv[1:] if args is None else args)
-    with runtime.guarded_process():
+    with runtime.guarded_process() as handlers:
         return errors.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank,
-                               failed_alone=runtime.end_peer_tasks)
+                               failed_alone=runtime.end_peer_tasks, exiting=handlers.exiting)

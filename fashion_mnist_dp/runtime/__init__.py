@@ -14,7 +14,8 @@ from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.divergence import DivergenceGuard
 from fashion_mnist_dp.runtime.faults import JobFaults
 from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, mark_launcher
-from fashion_mnist_dp.runtime.signals import PEER_FAILED, SIGNALS, Preemption, die_with_parent, end_peer_tasks, handled
+from fashion_mnist_dp.runtime.signals import (PEER_FAILED, SIGNALS, Handlers, Preemption, die_with_parent,
+                                              end_peer_tasks, handled)
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "PEER_FAILED", "Preemption",
@@ -44,7 +45,7 @@ def safety_off(trainer: Trainer) -> List[str]:
 
 
 @contextmanager
-def guarded_process() -> Iterator[None]:
+def guarded_process() -> Iterator[Handlers]:
     """What every train.py process does first, undone when ``main`` returns (it may run inside a caller's process):
     a launched rank dies with its launcher, the launcher tells its ranks its pid, and the signal handlers
     (fashion_mnist_dp/runtime/signals.py) are installed."""
@@ -52,8 +53,8 @@ def guarded_process() -> Iterator[None]:
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
     mark_launcher()
     try:
-        with handled():
-            yield
+        with handled() as handlers:
+            yield handlers
     finally:
         if launcher_pid is None:
             os.environ.pop(LAUNCHER_PID_ENV, None)

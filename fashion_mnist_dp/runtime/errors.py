@@ -226,11 +226,13 @@ def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
 
 
 def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,
-             failed_alone: Callable[[], object] = lambda: None) -> int:
+             failed_alone: Callable[[], object] = lambda: None, exiting: Callable[[int], object] = lambda code: None
+             ) -> int:
     """Run ``run`` (which returns the rank processes it launched) and return the exit code: 0, or the table's code
     after the error's one line. ``rank()``: this process's global rank, for faults that name it. ``failed_alone()``:
     called when the failure may be this process's alone (a bug, an error every rank reports itself): under srun
-    the other tasks would wait for it (signals.end_peer_tasks)."""
+    the other tasks would wait for it (signals.end_peer_tasks). ``exiting(code)``: the line is out (a signal from then
+    on must not print a second one: signals.Handlers.exiting)."""
     try:
         wait_for(run())
         return ExitCode.OK
@@ -243,6 +245,7 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,
             raise
         if not error.printed and (error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0):
             print_line(error, getattr(raw, "__notes__", ()))
+        exiting(int(error.exit_code))
         if error.every_rank and error.exit_code != ExitCode.OK:
             failed_alone()
         wait_for(error.children, error.children_grace_s)

@@ -6,6 +6,8 @@
   line, nothing saved.
 - SIGINT (Ctrl-C). As SIGTERM, exit 130; during training a second Ctrl-C before a stop is under way stops at once.
 - SIGUSR2, under srun: another task of the step failed. Exit 1 at once, one line, at any stage.
+- Any of these after the process printed its own error line (srun's SIGTERM while it signals its step): it ends with
+  that error's code and no second line.
 - SIGKILL from Linux when a launched rank's launcher dies (``PR_SET_PDEATHSIG``): no rank outlives its launcher;
   one whose launcher is already gone exits 137.
 
@@ -114,6 +116,12 @@ class Handlers:
         self.received = [False] * len(SIGNALS)
         self.in_training = False
         self.stopping = False
+        self.reported_exit: Optional[int] = None  # the process printed its one line and ends with this code
+
+    def exiting(self, code: int) -> None:
+        """The process has printed its one line and is on its way out with ``code``: a signal from now on (srun's
+        SIGTERM after another task exited) ends it with that code and no second line."""
+        self.reported_exit = code
 
     def on_signal(self, signum, frame) -> None:
         """Note the signal for the next decision point; outside training the watching thread ends the process."""
@@ -143,6 +151,8 @@ class Handlers:
         def watch() -> None:
             while data := os.read(read_fd, 64):
                 for signum in data:
+                    if signum in SIGNALS and self.reported_exit is not None:
+                        os._exit(self.reported_exit)  # its line is out: no second one (srun's SIGTERM after a peer)
                     if signum == PEER_FAILED and signal.getsignal(PEER_FAILED) == self.on_peer_failed:
                         _exit_peer_failed()  # in training too: the failed task will not take part again
                     if signum in SIGNALS and not self.in_training and not self.stopping:
