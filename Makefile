@@ -10,6 +10,7 @@ ARGS   ?=
 # Extra flags for pytest, e.g. make test PYTEST_ARGS="-k shorthand"
 PYTEST_ARGS ?=
 # pytest-xdist workers: most tests wait on train.py processes, so 2 keep 2 cores busy (0 runs them in one process)
+# --dist loadgroup: the tests of one xdist_group share one worker (the two-node SLURM: tests/cluster/test_two_nodes.py)
 PYTEST_WORKERS ?= 2
 
 .PHONY: help train test test-unit test-cluster bench tensorboard clean
@@ -27,15 +28,15 @@ train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds fla
 	$(BIN)/python train.py $(ARGS)
 
 test: $(STAMP)  ## set up, then run the whole test suite (CPU; the cluster tier may apt-get SLURM): the CI command
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not alone" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not alone" $(PYTEST_ARGS)
 	@# the timing proofs (tests/test_step_time.py) one at a time, with no other test on the cores (5: none selected)
 	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 test-unit: $(STAMP)  ## the unit tier only (tests/unit: no subprocess, no process group; under a minute): while editing
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests/unit $(PYTEST_ARGS)
 
 test-cluster: $(STAMP)  ## the cluster tier only (tests/cluster): a real SLURM on this machine (apt-get installs it as root), torchrun agents
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) tests/cluster $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup tests/cluster $(PYTEST_ARGS)
 
 # Extra flags for the benchmark, e.g. make bench BENCH_ARGS="--network fast --repeats 5"
 BENCH_ARGS ?=

@@ -494,3 +494,18 @@ class SlowAllReduce(Callback):
             return future.then(sleep_then)
 
         compat.set_ddp_comm_hook(trainer.strategy, slow_allreduce)
+
+
+class WhereRanksRun(Callback):
+    """At the start of training each rank writes where it runs to ``$SAMPLE_RECORD_DIR/where<global rank>.json``:
+    its pid, SLURM node, network namespace (the inode of ``/proc/<pid>/ns/net``), node and local rank, and the
+    rendezvous address its cluster environment gave (tests/cluster/test_two_nodes.py)."""
+
+    def on_train_start(self, trainer, pl_module):
+        environment = trainer.strategy.cluster_environment
+        record = {"pid": os.getpid(), "node": os.environ.get("SLURMD_NODENAME"),
+                  "net_ns": os.stat(f"/proc/{os.getpid()}/ns/net").st_ino, "node_rank": trainer.node_rank,
+                  "local_rank": trainer.local_rank, "world_size": trainer.world_size,
+                  "environment": type(environment).__name__, "main_address": environment.main_address,
+                  "main_port": environment.main_port}
+        (Path(os.environ["SAMPLE_RECORD_DIR"]) / f"where{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -4,12 +4,14 @@ with the reason; CI runs as root, installs slurm-wlm and munge from Debian's pac
 ``FASHION_MNIST_REQUIRE_SLURM=1`` (.ci/run), which turns that skip into a failure."""
 
 import os
+import shutil
 import socket
 from typing import Optional
 
 import pytest
 
 from tests.cluster.local_slurm import LocalSlurm, install_reason
+from tests.cluster.netns_slurm import NamespaceSlurm
 
 REQUIRE_SLURM = "FASHION_MNIST_REQUIRE_SLURM"  # "1": a SLURM tier that cannot start fails instead of skipping
 
@@ -46,3 +48,25 @@ def slurm(tmp_path_factory):
     cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()
     yield cluster
     cluster.stop()
+
+
+def namespace_reason() -> Optional[str]:
+    """The two-node cluster needs root, ``ip`` (iproute2), ``nsenter`` and ``unshare`` (util-linux)."""
+    missing = [name for name in ("ip", "nsenter", "unshare", "mount") if shutil.which(name) is None]
+    if os.geteuid() != 0 or missing:
+        return f"the two-node SLURM needs root and {', '.join(missing) or 'network namespaces'}: not available here"
+    return None
+
+
+@pytest.fixture(scope="session")
+def two_nodes(tmp_path_factory):
+    """Two SLURM nodes, each in its own network namespace with its own address (tests/cluster/netns_slurm.py), up for
+    the session; afterwards nothing of it may be left: no namespace, link, daemon or job process."""
+    skip_or_fail(install_reason() or namespace_reason())
+    cluster = NamespaceSlurm(tmp_path_factory.mktemp("two-nodes")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+    left = cluster.left()
+    assert left == [], f"the two-node SLURM left: {left}"

@@ -31,15 +31,17 @@ def _sub(pattern: str, replacement: str, text: str) -> str:
     return new
 
 
-def sbatch_script(extra: Sequence[str]) -> str:
-    """The sbatch script on this one-node SLURM: ``--nodes 1`` (Debian's slurmd runs one node per machine), two
-    tasks on CPU, no ``--gres``; ``extra`` goes after train.py's own flags."""
+def sbatch_script(extra: Sequence[str], nodes: int = 1, tasks_per_node: int = 2) -> str:
+    """The sbatch script on CPU, no ``--gres``: ``--nodes 1`` and two tasks on the one-node SLURM (Debian's slurmd
+    runs one node per machine), ``nodes=2`` on the namespace cluster (tests/cluster/netns_slurm.py);
+    ``--devices`` follows ``tasks_per_node``; ``extra`` goes after train.py's own flags."""
     (block,) = [b for b in bash_blocks() if "#SBATCH" in b]
-    text = _sub(r"^#SBATCH --nodes 2\b", "#SBATCH --nodes 1", block)
-    text = _sub(r"^#SBATCH --ntasks-per-node 4\b", "#SBATCH --ntasks-per-node 2", text)
+    text = _sub(r"^#SBATCH --nodes 2\b", f"#SBATCH --nodes {nodes}", block)
+    text = _sub(r"^#SBATCH --ntasks-per-node 4\b", f"#SBATCH --ntasks-per-node {tasks_per_node}", text)
     text = _sub(r"^#SBATCH --gres gpu:4.*\n", "", text)
     text = _sub(r"\bpython train\.py\b", f"{shlex.quote(sys.executable)} {shlex.quote(str(TRAIN_PY))}", text)
-    text = _sub(r"--devices 4 --num_nodes 2\b", "--devices 2 --num_nodes 1 --accelerator cpu", text)
+    text = _sub(r"--devices 4 --num_nodes 2\b", f"--devices {tasks_per_node} --num_nodes {nodes} --accelerator cpu",
+                text)
     return _sub(r"\$RESUME$", f"$RESUME {' '.join(map(shlex.quote, extra))}", text)
 
 

@@ -1,0 +1,153 @@
+"""docs/running-on-clusters.md's sbatch script on two SLURM nodes that are two hosts with their own addresses: two
+network namespaces, each with its own slurmd (tests/cluster/netns_slurm.py). The script runs with ``--nodes 2
+--ntasks-per-node 2``: ddp over gloo on 4 ranks, two per node, meeting where Lightning's SLURMEnvironment says (the
+first node of SLURM_NODELIST), with node names that resolve on the nodes and with names that do not (SLURM's
+NodeAddr instead, fashion_mnist_dp/cli/slurm.py); then a node dies mid-epoch.
+
+Every job trains the mlp on the tiny data, seeded and deterministic: 4 ranks x batch 32 = 2 optimizer steps per
+epoch. The tests share one cluster and run one after another on one pytest worker (xdist_group).
+"""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+from benchmarks.launch import TRAIN_PY, clean_env, running_in
+from tests.cluster import recipes
+from tests.cluster.netns_slurm import IFNAME, SLURMD_TIMEOUT_S, namespace_pids, net_namespace_inode, node_addr
+from tests.cluster.recipes import assert_same_weights, final_checkpoint, sbatch_script
+from tests.cluster.test_slurm import job_info, wait_job
+
+pytestmark = pytest.mark.xdist_group("two-nodes")  # one cluster: all on one worker (make's --dist loadgroup)
+
+NODES, TASKS_PER_NODE = 2, 2
+WORLD = NODES * TASKS_PER_NODE
+EPOCHS = 2
+STEPS_PER_EPOCH = 256 // (WORLD * 32)
+COLLECTIVE_TIMEOUT_S = 30  # the tier's: a lost peer ends its ranks within this, not the default 300 s
+SEEDED = [*recipes.SEEDED, "--collective_timeout", str(COLLECTIVE_TIMEOUT_S),
+          "--trainer.callbacks+=tests.recorder.WhereRanksRun"]
+JOB_TIMEOUT_S = 180
+# A node that dies ends the whole job within SLURM's SlurmdTimeout and its ping interval (a third of it), its
+# KillWait, and the collective timeout (docs/running-on-clusters.md)
+NODE_FAULT_BOUND_S = SLURMD_TIMEOUT_S + SLURMD_TIMEOUT_S / 3 + 30 + COLLECTIVE_TIMEOUT_S
+
+
+def sbatch(cluster, folder: Path, extra: List[str], flags: Tuple[str, ...] = (), **env: str) -> str:
+    """The document's sbatch script with ``--nodes 2 --ntasks-per-node 2``, submitted from ``folder`` (``flags``:
+    sbatch's own, before the script)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "train.sbatch"
+    script.write_text(sbatch_script(extra, nodes=NODES, tasks_per_node=TASKS_PER_NODE))
+    result = cluster.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "slurm.out"),
+                         *flags, str(script), env=clean_env({"GLOO_SOCKET_IFNAME": IFNAME, **env}))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().split(";")[0]
+
+
+def output(folder: Path) -> str:
+    path = folder / "slurm.out"
+    return path.read_text(errors="replace") if path.exists() else "(no slurm.out yet)"
+
+
+def where(record: Path) -> List[Dict]:
+    return [json.loads((record / f"where{rank}.json").read_text()) for rank in range(WORLD)]
+
+
+def ranks_in(folder: Path) -> List[int]:
+    """The job's train.py processes (its ranks), on either node."""
+    ranks = []
+    for pid in running_in(folder):
+        try:
+            if str(TRAIN_PY).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                ranks.append(pid)
+        except OSError:
+            pass
+    return ranks
+
+
+def snapshot(root: Path) -> Dict[str, Tuple[int, int]]:
+    """Every file under ``root``: (size, mtime in ns). The data folder both nodes read must be left as it was."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
+def train(cluster, fashion_root: Path, folder: Path) -> Tuple[Dict[str, str], str, List[Dict]]:
+    record = folder / "record"
+    record.mkdir(parents=True)
+    job = sbatch(cluster, folder, [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root)],
+                 SAMPLE_RECORD_DIR=str(record))
+    info = wait_job(cluster, job, timeout_s=JOB_TIMEOUT_S)
+    text = output(folder)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-4000:]}"
+    assert "Traceback" not in text, text[-4000:]
+    return info, text, where(record)
+
+
+def assert_two_ranks_in_each_nodes_namespace(cluster, ranks: List[Dict]) -> None:
+    """Global ranks 0, 1 on the first node, 2, 3 on the second, each process inside its node's network namespace,
+    one group of 4 meeting at the first node of SLURM_NODELIST (Lightning's SLURMEnvironment)."""
+    inodes = {node: net_namespace_inode(node) for node in cluster.nodes}
+    assert len(set(inodes.values())) == NODES
+    for rank, seen in enumerate(ranks):
+        node = cluster.nodes[rank // TASKS_PER_NODE]
+        assert (seen["node"], seen["node_rank"], seen["local_rank"]) == (node, rank // TASKS_PER_NODE,
+                                                                        rank % TASKS_PER_NODE), seen
+        assert seen["net_ns"] == inodes[node], f"rank {rank} is not in {node}'s network namespace: {seen}"
+        assert (seen["environment"], seen["world_size"]) == ("SLURMEnvironment", WORLD), seen
+    assert len({(seen["main_address"], seen["main_port"]) for seen in ranks}) == 1, ranks
+
+
+@pytest.fixture(scope="module")
+def one_host(fashion_root, tmp_path_factory) -> dict:
+    """The same 4 ranks on one host (Lightning's own launcher, 127.0.0.1): what the two-node jobs must end as."""
+    folder = tmp_path_factory.mktemp("one-host")
+    args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", str(WORLD), *recipes.SEEDED,
+            "--epochs", str(EPOCHS), "--data_dir", str(fashion_root)]
+    result = subprocess.run([sys.executable, str(TRAIN_PY), *args], cwd=folder, env=clean_env(),
+                            capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return final_checkpoint(folder)
+
+
+def test_srun_puts_one_task_on_each_node_inside_that_nodes_network_namespace(two_nodes):
+    probe = "import os; print(os.environ['SLURMD_NODENAME'], os.stat('/proc/self/ns/net').st_ino)"
+    result = two_nodes.run("srun", "-N", "2", "--ntasks-per-node", "1", sys.executable, "-c", probe, timeout=60)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split() for line in result.stdout.splitlines())
+    assert seen == {node: str(net_namespace_inode(node)) for node in two_nodes.nodes}, result.stdout
+
+
+def test_the_sbatch_script_trains_on_two_nodes_and_ends_as_the_same_ranks_on_one_host(two_nodes, fashion_root,
+                                                                                      one_host, tmp_path):
+    data = snapshot(fashion_root)
+    two_nodes.names_resolve(True)
+    _, text, ranks = train(two_nodes, fashion_root, tmp_path / "job")
+    assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
+    assert ranks[0]["main_address"] == two_nodes.nodes[0]  # the node name, resolved on each node by its hosts file
+    assert "rendezvous      :" not in text  # nothing replaced
+    assert f"world size      : {WORLD} ({TASKS_PER_NODE} device(s) x {NODES} node(s), cpu" in text, text[-4000:]
+    assert [line.split(":")[0] for line in text.splitlines() if line.startswith("Epoch ")] == \
+        [f"Epoch {e}" for e in range(1, EPOCHS + 1)]
+    # Each node's local rank 0 prepared the shared data folder (both at once): it only read it
+    assert snapshot(fashion_root) == data
+    assert_same_weights(one_host, final_checkpoint(tmp_path / "job"), EPOCHS * STEPS_PER_EPOCH)
+
+
+def test_node_names_that_do_not_resolve_meet_at_slurms_nodeaddr(two_nodes, fashion_root, one_host, tmp_path):
+    two_nodes.names_resolve(False)
+    try:
+        _, text, ranks = train(two_nodes, fashion_root, tmp_path / "job")
+    finally:
+        two_nodes.names_resolve(True)
+    first, address = two_nodes.nodes[0], node_addr(0)
+    assert f"rendezvous      : {address}, SLURM's NodeAddr of {first} ({first} does not resolve here)" in text, \
+        text[-4000:]
+    assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
+    assert ranks[0]["main_address"] == address
+    assert_same_weights(one_host, final_checkpoint(tmp_path / "job"), EPOCHS * STEPS_PER_EPOCH)
