@@ -65,10 +65,11 @@ def ranks_in(folder: Path) -> List[int]:
     ranks = []
     for pid in running_in(folder):
         try:
-            if str(TRAIN_PY).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                ranks.append(pid)
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            pass
+            continue
+        if argv[0] == sys.executable.encode() and str(TRAIN_PY).encode() in argv:  # not srun, whose line names it
+            ranks.append(pid)
     return ranks
 
 
@@ -151,3 +152,49 @@ def test_node_names_that_do_not_resolve_meet_at_slurms_nodeaddr(two_nodes, fashi
     assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
     assert ranks[0]["main_address"] == address
     assert_same_weights(one_host, final_checkpoint(tmp_path / "job"), EPOCHS * STEPS_PER_EPOCH)
+
+
+def test_a_node_dying_mid_epoch_ends_the_whole_job_with_one_line_and_no_rank_left(two_nodes, fashion_root,
+                                                                                   tmp_path):
+    """The second node's slurmd and every process in its namespace are SIGKILLed mid-epoch (the node is gone); the
+    ranks on the first node lose their peers and end at once, and SLURM marks the node DOWN after SlurmdTimeout and
+    ends the job. ``--no-requeue``: by default (JobRequeue=1) SLURM requeues a batch job whose node failed, and the
+    script would resume from last.ckpt once two nodes are up again (not tested: this cluster has no third node)."""
+    folder, record = tmp_path / "job", tmp_path / "record"
+    record.mkdir()
+    args = [*SEEDED, "--check_every_n_steps", "1", "--epochs", "50", "--data_dir", str(fashion_root),
+            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=3"]
+    job = sbatch(two_nodes, folder, args, flags=("--no-requeue",), SAMPLE_RECORD_DIR=str(record))
+    dead, alive = two_nodes.nodes[1], two_nodes.nodes[0]
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not (record / "step").exists():  # step 3: mid-epoch 2
+            assert time.monotonic() < deadline and job_info(two_nodes, job).get("JobState") in ("PENDING", "RUNNING"),\
+                f"training never reached step 3: {job_info(two_nodes, job)}\n{output(folder)}"
+            time.sleep(0.2)
+        killed = time.monotonic()
+        two_nodes.kill_node(dead)
+        while ranks_in(folder) and time.monotonic() < killed + NODE_FAULT_BOUND_S:
+            time.sleep(0.2)
+        ranks_gone = time.monotonic() - killed
+        info = wait_job(two_nodes, job, timeout_s=NODE_FAULT_BOUND_S + 30)
+        while running_in(folder) and time.monotonic() < killed + NODE_FAULT_BOUND_S:  # the script, srun
+            time.sleep(0.2)
+        seconds = time.monotonic() - killed
+        print(f"\ntwo nodes, the second one killed mid-epoch: no rank left {ranks_gone:.1f} s after the kill, job "
+              f"{info['JobState']} (ExitCode {info['ExitCode']}) and no process of it left {seconds:.1f} s after it")
+        text = output(folder)
+        assert running_in(folder) == [], f"ranks left: {running_in(folder)}\n{text[-3000:]}"
+        assert namespace_pids(dead) == [] and namespace_pids(alive) == [two_nodes.pids[f"slurmd-{alive}"]]
+        assert ranks_gone < COLLECTIVE_TIMEOUT_S and seconds < NODE_FAULT_BOUND_S
+        # SLURM ends the job NODE_FAIL; the batch script, still waiting in srun for the dead node's tasks, gets
+        # SIGTERM (ExitCode 0:15)
+        assert (info["JobState"], info["ExitCode"]) == ("NODE_FAIL", "0:15"), f"{info}\n{text[-4000:]}"
+        lines = [line for line in text.splitlines() if line.startswith("train.py:")]
+        assert lines and all(re.search(r"lost its connection to another rank", line) for line in lines), \
+            text[-4000:]
+        assert "Traceback" not in text
+    finally:
+        two_nodes.run("scancel", job)
+        two_nodes.start_slurmd(dead)  # the node comes back for the tests after this one (ReturnToService=2)
+        two_nodes.wait_idle()
