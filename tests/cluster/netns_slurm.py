@@ -152,6 +152,13 @@ class NamespaceSlurm(LocalSlurm):
             _ip("-n", node, "link", "set", IFNAME, "up")
             _ip("-n", node, "link", "set", "lo", "up")
 
+    def on_host(self, node: str) -> List[str]:
+        """The argv prefix that runs a command as on host ``node`` without SLURM: in its network namespace, with the
+        node's name as its host name (a UTS namespace of its own) and the tier's ``hosts`` as /etc/hosts."""
+        return ["nsenter", f"--net=/var/run/netns/{node}", "unshare", "--uts", "--mount", "--propagation", "private",
+                "sh", "-c", 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"', node,
+                str(self.hosts)]
+
     def start_slurmd(self, node: str) -> None:
         """The node's slurmd in its namespace, with the tier's ``hosts`` as its /etc/hosts (a mount namespace of its
         own, private, so nothing reaches the machine's mounts)."""

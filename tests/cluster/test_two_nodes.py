@@ -10,6 +10,7 @@ epoch. The tests share one cluster and run one after another on one pytest worke
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,12 +18,14 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
+import torch
 
-from benchmarks.launch import TRAIN_PY, clean_env, running_in
+from benchmarks.launch import TRAIN_PY, clean_env, running_in, start, wait_all
 from tests.cluster import recipes
 from tests.cluster.netns_slurm import IFNAME, SLURMD_TIMEOUT_S, namespace_pids, net_namespace_inode, node_addr
-from tests.cluster.recipes import assert_same_weights, final_checkpoint, sbatch_script
+from tests.cluster.recipes import assert_same_weights, final_checkpoint, sbatch_script, torchrun_recipe
 from tests.cluster.test_slurm import job_info, wait_job
+from tests.cluster.test_torchrun import MULTI_NODE
 
 pytestmark = pytest.mark.xdist_group("two-nodes")  # one cluster: all on one worker (make's --dist loadgroup)
 
@@ -198,3 +201,67 @@ def test_a_node_dying_mid_epoch_ends_the_whole_job_with_one_line_and_no_rank_lef
         two_nodes.run("scancel", job)
         two_nodes.start_slurmd(dead)  # the node comes back for the tests after this one (ReturnToService=2)
         two_nodes.wait_idle()
+
+
+def test_torchrun_agents_on_two_hosts_restart_a_killed_worker_and_end_as_the_same_ranks_on_one_host(
+        two_nodes, fashion_root, one_host, tmp_path):
+    """The document's several-nodes torchrun line, one agent in each namespace with the node's name as its host name
+    (a UTS namespace of its own), the c10d rendezvous at ``fmdp-node0:29500`` (the document's HOST0 and port);
+    global rank 3 SIGKILLs itself mid-epoch 2, one step after epoch 1's checkpoint; the agents restart the group,
+    it resumes from last.ckpt and ends with the weights of the 4 ranks on one host."""
+    folder, record = tmp_path / "job", tmp_path / "record"
+    folder.mkdir()
+    record.mkdir()
+    two_nodes.names_resolve(True)
+    endpoint = (two_nodes.nodes[0], 29500)  # nothing else listens in a namespace of the tier's own
+    kill = ["--trainer.callbacks+=tests.recorder.KillAfterCheckpoint", "--trainer.callbacks.rank=3",
+            "--trainer.callbacks.steps_after=1"]
+    commands = []
+    for node in two_nodes.nodes:
+        env, argv = torchrun_recipe(MULTI_NODE, TASKS_PER_NODE, f"{endpoint[0]}:{endpoint[1]}",
+                                    [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root), *kill])
+        env = clean_env({**env, "SAMPLE_RECORD_DIR": str(record), "GLOO_SOCKET_IFNAME": IFNAME})
+        commands.append((node, argv, env))
+    logs = tmp_path / "logs"
+    jobs = []
+    try:
+        for node, argv, env in commands:
+            jobs.append(start(node, argv, folder, logs, env, prefix=two_nodes.on_host(node)))
+            if len(jobs) == 1:  # the first agent hosts the c10d store (its host name is the endpoint's)
+                wait_for(node_addr(0), endpoint[1], jobs[0])
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all(job.exited() for job in jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = running_in(folder)
+    finally:
+        problem = wait_all(jobs, 1)  # stops (SIGTERM, then SIGKILL) whatever still runs
+    assert problem is None, problem
+    assert left == [], f"processes left running: {left}"
+    tails = "\n".join(job.tail(4000) for job in jobs)
+    assert [job.returncode for job in jobs] == [0, 0], tails
+    assert (record / "killed-0").exists(), "the worker was not killed"
+    newest = max(record.glob("attempt-*.json"), key=lambda p: p.stat().st_mtime)
+    assert json.loads(newest.read_text())["start_step"] == STEPS_PER_EPOCH, tails  # resumed from epoch 1's
+    ranks = where(record)  # the attempt that finished (each attempt rewrites them)
+    inodes = {net_namespace_inode(node): node for node in two_nodes.nodes}
+    assert sorted(inodes[seen["net_ns"]] for seen in ranks) == sorted(two_nodes.nodes * TASKS_PER_NODE), ranks
+    assert {(seen["environment"], seen["world_size"]) for seen in ranks} == {("TorchElasticEnvironment", WORLD)}
+    # Not bitwise: with 4 ranks the restarted group's weights differ from the clean run's by rounding (up to 3e-8
+    # here; the same group left alone ends bitwise equal). Likely cause, not proven: gloo's ring all-reduce adds each
+    # gradient element in an order set by DDP's bucket layout, which each new process builds again after its first
+    # step; with 2 ranks (tests/cluster/test_torchrun.py) the order cannot change a sum.
+    restarted = final_checkpoint(folder)
+    assert restarted["global_step"] == one_host["global_step"] == EPOCHS * STEPS_PER_EPOCH
+    for key, value in one_host["state_dict"].items():
+        assert torch.allclose(value, restarted["state_dict"][key], rtol=0, atol=1e-6), key
+
+
+def wait_for(host: str, port: int, job, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline and not job.exited(), job.tail()
+            time.sleep(0.1)
