@@ -22,7 +22,8 @@ import torch
 
 from benchmarks.launch import TRAIN_PY, clean_env, running_in, start, wait_all
 from tests.cluster import recipes
-from tests.cluster.netns_slurm import IFNAME, SLURMD_TIMEOUT_S, namespace_pids, net_namespace_inode, node_addr
+from tests.cluster.netns_slurm import (BRIDGE, IFNAME, PREFIX, SLURMD_TIMEOUT_S, links, namespace_pids, namespaces,
+                                       net_namespace_inode, node_addr)
 from tests.cluster.recipes import assert_same_weights, final_checkpoint, sbatch_script, torchrun_recipe
 from tests.cluster.test_slurm import job_info, wait_job
 from tests.cluster.test_torchrun import MULTI_NODE
@@ -271,3 +272,27 @@ def wait_for(host: str, port: int, job, timeout_s: float = 60) -> None:
         except OSError:
             assert time.monotonic() < deadline and not job.exited(), job.tail()
             time.sleep(0.1)
+
+
+def test_what_an_interrupted_run_left_is_removed_when_the_cluster_starts(two_nodes):
+    """A run killed before its cleanup leaves namespaces, links and processes in them: the next start removes them
+    (here: the cluster stopped, a stale namespace with a process in it and a stale veth pair, then started again)."""
+    two_nodes.stop()
+    stale = f"{PREFIX}-stale"
+    sleeper = None
+    try:
+        subprocess.run(["ip", "netns", "add", stale], check=True, timeout=30)
+        subprocess.run(["ip", "link", "add", f"{PREFIX}v9", "type", "veth", "peer", "name", f"{PREFIX}p9"],
+                       check=True, timeout=30)
+        sleeper = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{stale}", "sleep", "600"])
+        deadline = time.monotonic() + 10
+        while sleeper.pid not in namespace_pids(stale):
+            assert time.monotonic() < deadline, "the stale process never entered its namespace"
+            time.sleep(0.1)
+    finally:
+        two_nodes.start()  # also when making the leftovers failed: the tests after this one need the cluster
+    assert sleeper.wait(timeout=10) == -9  # SIGKILLed by the start
+    assert namespaces() == list(two_nodes.nodes)
+    assert sorted(links()) == sorted([BRIDGE, f"{PREFIX}v0", f"{PREFIX}v1"])
+    result = two_nodes.run("srun", "-N", "2", "--ntasks-per-node", "1", "hostname", timeout=60)
+    assert result.returncode == 0, result.stderr
