@@ -1,5 +1,6 @@
-"""The cluster tier (``make test-cluster``; ``make test`` runs it too): a real SLURM on this machine, and torchrun
-agents on 127.0.0.1. A machine without SLURM that cannot install it (not root, no apt-get) skips the SLURM tests
+"""The cluster tier (``make test-cluster``; ``make test`` runs it too): a real SLURM on this machine, a two-node
+SLURM whose nodes are network namespaces (tests/cluster/netns_slurm.py), and torchrun agents on 127.0.0.1 and in
+those namespaces. A machine without SLURM that cannot install it (not root, no apt-get) skips the SLURM tests
 with the reason; CI runs as root, installs slurm-wlm and munge from Debian's packages, and sets
 ``FASHION_MNIST_REQUIRE_SLURM=1`` (.ci/run), which turns that skip into a failure."""
 

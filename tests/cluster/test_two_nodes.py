@@ -2,7 +2,8 @@
 network namespaces, each with its own slurmd (tests/cluster/netns_slurm.py). The script runs with ``--nodes 2
 --ntasks-per-node 2``: ddp over gloo on 4 ranks, two per node, meeting where Lightning's SLURMEnvironment says (the
 first node of SLURM_NODELIST), with node names that resolve on the nodes and with names that do not (SLURM's
-NodeAddr instead, fashion_mnist_dp/cli/slurm.py); then a node dies mid-epoch.
+NodeAddr instead, fashion_mnist_dp/cli/slurm.py); then a node dies mid-epoch. And the document's several-nodes
+torchrun line with one agent in each namespace, a worker killed and the group restarted.
 
 Every job trains the mlp on the tiny data, seeded and deterministic: 4 ranks x batch 32 = 2 optimizer steps per
 epoch. The tests share one cluster and run one after another on one pytest worker (xdist_group).
