@@ -197,7 +197,7 @@ def test_a_node_dying_mid_epoch_ends_the_whole_job_with_one_line_and_no_rank_lef
         assert (info["JobState"], info["ExitCode"]) == ("NODE_FAIL", "0:15"), f"{info}\n{text[-4000:]}"
         # Each surviving rank: its own lost-connection line (exit 75), or, when a peer's SIGUSR2 to the step came
         # first, the "stopped because another task" line (exit 1); a rank that printed its line and then got srun's
-        # SIGTERM ends with its code and no second line (runtime.preemption)
+        # SIGTERM ends with its code and no second line (fashion_mnist_dp/runtime/signals.py)
         lines = [line for line in text.splitlines() if line.startswith("train.py:")]
         assert lines and re.search(r"^train\.py: error: rank \d lost its connection to another rank", lines[0]), \
             text[-4000:]
