@@ -48,6 +48,10 @@ FAULTS = (
      "{who} timed out after {waited} s waiting for the other ranks in a collective (a rank is stuck or was lost; "
      "their output says which); resume with --ckpt_path last, or raise --collective_timeout (now {timeout} s) if a "
      "step or a checkpoint save can legitimately take longer"),
+    (r"Gloo connectFullMesh failed with (?P<detail>.{0,160})",
+     "{who} could not connect to the other ranks (gloo: {detail}): across hosts, set GLOO_SOCKET_IFNAME (for NCCL, "
+     "NCCL_SOCKET_IFNAME) to the network interface that reaches the other nodes, e.g. eth1: where the host name "
+     "resolves to a loopback address, gloo offers its peers 127.0.0.1 (docs/running-on-clusters.md)"),
     (r"Connection closed by peer|Connection reset by peer|Broken pipe",
      "{who} lost its connection to another rank in a collective (that rank exited or was killed: its own output says "
      "why); resume with --ckpt_path last"),

@@ -46,12 +46,14 @@ NODE_FAULT_BOUND_S = SLURMD_TIMEOUT_S + SLURMD_TIMEOUT_S / 3 + 30 + COLLECTIVE_T
 
 def sbatch(cluster, folder: Path, extra: List[str], flags: Tuple[str, ...] = (), **env: str) -> str:
     """The document's sbatch script with ``--nodes 2 --ntasks-per-node 2``, submitted from ``folder`` (``flags``:
-    sbatch's own, before the script)."""
+    sbatch's own, before the script; an ``env`` value None leaves that variable out)."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "train.sbatch"
     script.write_text(sbatch_script(extra, nodes=NODES, tasks_per_node=TASKS_PER_NODE))
     result = cluster.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "slurm.out"),
-                         *flags, str(script), env=clean_env({"GLOO_SOCKET_IFNAME": IFNAME, **env}))
+                         *flags, str(script), env=clean_env({key: value for key, value in
+                                                             {"GLOO_SOCKET_IFNAME": IFNAME, **env}.items()
+                                                             if value is not None}))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
@@ -157,6 +159,25 @@ def test_node_names_that_do_not_resolve_meet_at_slurms_nodeaddr(two_nodes, fashi
     assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
     assert ranks[0]["main_address"] == address
     assert_same_weights(one_host, final_checkpoint(tmp_path / "job"), EPOCHS * STEPS_PER_EPOCH)
+
+
+def test_without_gloo_socket_ifname_each_rank_says_which_interface_to_name(two_nodes, fashion_root, tmp_path):
+    """The nodes' host name resolves to 127.0.0.1 (as in many images): without GLOO_SOCKET_IFNAME gloo offers its
+    peers that address and cannot connect. Every rank ends with one line saying what to set (it was a traceback and
+    exit 1), or with the line of a peer task that failed first; no rank is left."""
+    folder = tmp_path / "job"
+    job = sbatch(two_nodes, folder, [*SEEDED, "--epochs", "1", "--data_dir", str(fashion_root)],
+                 flags=("--no-requeue",), GLOO_SOCKET_IFNAME=None)
+    info = wait_job(two_nodes, job, timeout_s=JOB_TIMEOUT_S)
+    text = output(folder)
+    lines = [line for line in text.splitlines() if line.startswith("train.py:")]
+    assert info["JobState"] == "FAILED" and "Traceback" not in text, f"{info}\n{text[-4000:]}"
+    assert any(re.fullmatch(r"train\.py: error: rank \d could not connect to the other ranks \(gloo: .*\): across hosts, "
+                            r"set GLOO_SOCKET_IFNAME \(for NCCL, NCCL_SOCKET_IFNAME\) to the network interface .*", line)
+               for line in lines), text[-4000:]
+    assert all(re.search(r"could not connect to the other ranks|stopped because another task of SLURM step", line)
+               for line in lines), text[-4000:]
+    assert running_in(folder) == []
 
 
 def test_a_node_dying_mid_epoch_ends_the_whole_job_with_one_line_and_no_rank_left(two_nodes, fashion_root,

@@ -38,6 +38,9 @@ FAULTS = {
         "rank 3 could not reach rank 0 at 127.0.0.1:29901 within 20 s",
     "RuntimeError: DataLoader timed out after 10.0 seconds": "rank 3: a data loader worker delivered no batch for 10 s",
     "RuntimeError: bind failed: address already in use": "rank 3: MASTER_PORT is already in use on this machine (",
+    "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] Connection "
+    "reset by peer [127.0.0.1]:54321": "rank 3 could not connect to the other ranks (gloo: [../third_party/gloo/gloo/"
+    "transport/tcp/pair.cc:144] Connection reset by peer [127.0.0.1]:54321): across hosts, set GLOO_SOCKET_IFNAME",
     "RuntimeError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, "
     "NumelIn=1, NumelOut=1, Timeout(ms)=300000) ran for 300012 milliseconds before timing out.":
         "rank 3 timed out after 300 s waiting for the other ranks in a collective (a rank is stuck or was lost; their "
