@@ -27,6 +27,18 @@ CRED_EXPIRE_S = int(os.environ.get("FASHION_MNIST_SLURM_CRED_EXPIRE", "10"))
 COMMANDS = ("srun", "sbatch", "scancel", "scontrol", "squeue", "sinfo")  # what the tier runs
 
 
+def kill_all(pids: List[int], wait_s: float = 10) -> None:
+    """SIGKILL ``pids`` (those already gone are skipped) and wait up to ``wait_s`` for them to be gone."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def missing_programs() -> List[str]:
     return [name for name in (*DAEMONS, *COMMANDS) if shutil.which(name) is None]
 
@@ -129,16 +141,20 @@ class LocalSlurm:
             time.sleep(0.1)
         self.pids[name] = int(pid_file.read_text().split()[0])
 
+    def _start_controller(self) -> None:
+        """munged and slurmctld, on the host."""
+        munge = self.folder / "munge"
+        self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
+                                f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
+                                f"--log-file={self.folder / 'log' / 'munged.log'}",
+                                f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
+        self._daemon("slurmctld", ["slurmctld", "-i", "-f", str(self.conf)], self.folder / "slurmctld.pid")
+
     def start(self, timeout_s: float = 60) -> "LocalSlurm":
         """Start the three daemons; if any fails to start, stop what did start (:meth:`stop`), then raise."""
         try:
             self._write_config()
-            munge = self.folder / "munge"
-            self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
-                                    f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
-                                    f"--log-file={self.folder / 'log' / 'munged.log'}",
-                                    f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
-            self._daemon("slurmctld", ["slurmctld", "-i", "-f", str(self.conf)], self.folder / "slurmctld.pid")
+            self._start_controller()
             self._daemon("slurmd", ["slurmd", "-f", str(self.conf)], self.folder / "slurmd.pid")
             deadline = time.monotonic() + timeout_s
             state = ""
@@ -189,15 +205,7 @@ class LocalSlurm:
                 time.sleep(0.1)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        left = self.leftovers()
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in left) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        kill_all(self.leftovers())
 
     def leftovers(self) -> List[int]:
         """Processes other than this one whose environment names this cluster's configuration: every daemon, job

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from tests.cluster.local_slurm import LocalSlurm, _alive, _node_cpus
+from tests.cluster.local_slurm import LocalSlurm, _alive, _node_cpus, kill_all
 
 PREFIX = "fmdp"  # every namespace, link and node name this cluster creates
 NODES = ("fmdp-node0", "fmdp-node1")  # SLURM node names and network namespace names
@@ -73,15 +73,7 @@ def remove_network() -> None:
     """SIGKILL every process in a namespace of this kind, then delete the namespaces and links (a run's own, or what
     an interrupted run left); what is absent is skipped."""
     for name in namespaces():
-        pids = namespace_pids(name)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        kill_all(namespace_pids(name))
         _ip("netns", "del", name, check=False)
     for link in links():  # deleting one end of a veth pair deletes the other; the bridge last
         _ip("link", "del", link, check=False)
@@ -175,12 +167,7 @@ class NamespaceSlurm(LocalSlurm):
             fcntl.flock(self._lock, fcntl.LOCK_EX)  # another cluster of this kind: wait until it has stopped
             self._write_config()
             self._network()
-            munge = self.folder / "munge"
-            self._daemon("munged", ["munged", "--force", f"--socket={self.munge_socket}",
-                                    f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
-                                    f"--log-file={self.folder / 'log' / 'munged.log'}",
-                                    f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
-            self._daemon("slurmctld", ["slurmctld", "-i", "-f", str(self.conf)], self.folder / "slurmctld.pid")
+            self._start_controller()
             for node in self.nodes:
                 self.start_slurmd(node)
             self.wait_idle(timeout_s)
@@ -206,16 +193,8 @@ class NamespaceSlurm(LocalSlurm):
 
     def kill_node(self, node: str) -> None:
         """A node dies: SIGKILL its slurmd and every process in its namespace (its slurmstepd, its tasks)."""
-        pids = namespace_pids(node)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.pids.pop(f"slurmd-{node}", None)
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        kill_all(namespace_pids(node))
 
     def stop(self) -> None:
         """LocalSlurm's stop (every job cancelled, the daemons by pid, then every process with this SLURM_CONF),
