@@ -26,10 +26,12 @@ import os
 import signal
 import sys
 
+from fashion_mnist_dp.exit_codes import ExitCode  # imports nothing heavy
+
 if os.environ.get("SLURM_STEP_NUM_TASKS", "1") != "1":
     # Under srun a failed task signals the others. Until fashion_mnist_dp/runtime/signals.py (which says what every
-    # signal does) listens, a task still importing ends at once too, with the same code, 1.
-    signal.signal(signal.SIGUSR2, lambda signum, frame: os._exit(1))
+    # signal does) listens, a task still importing ends at once too, with the same code.
+    signal.signal(signal.SIGUSR2, lambda signum, frame: os._exit(int(ExitCode.PEER_FAILED)))
 
 from fashion_mnist_dp.cli.app import main  # noqa: E402
 

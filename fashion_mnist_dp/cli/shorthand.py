@@ -69,7 +69,7 @@ def class_path(key: str, value: str) -> str:
     if value not in names:
         what = key.rsplit(".", 1)[-1]
         raise ConfigError(f"unknown {what} {value!r}: choose one of {', '.join(names)}, or give a class path "
-                             f"(e.g. --{what} {next(iter(names.values()))})")
+                          f"(e.g. --{what} {next(iter(names.values()))})")
     return names[value]
 
 

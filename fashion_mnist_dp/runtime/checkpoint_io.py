@@ -57,7 +57,7 @@ def verify(path) -> Optional[str]:
         expected, actual = (words[0].lower() if words else ""), file_sha256(path)
         if actual != expected:
             raise CheckpointError.damaged(path, f"sha256 {actual[:12]}... does not match {sidecar.name} "
-                                               f"({expected[:12]}...): truncated or changed after it was written")
+                                          f"({expected[:12]}...): truncated or changed after it was written")
         return actual
     try:  # no sidecar (e.g. written by plain Lightning): torch.save's zip archive carries a CRC32 per member
         with zipfile.ZipFile(path) as archive:

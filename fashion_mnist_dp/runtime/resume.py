@@ -41,7 +41,7 @@ def hpc_checkpoint(root) -> str:
             found[int(number)] = path
     if not found:
         raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
-                                      f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
+                              f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
     return str(found[max(found)].absolute())
 
 
@@ -62,7 +62,7 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
     if ckpt_path != "last":
         if not Path(ckpt_path).is_file():
             raise CheckpointError(f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or "
-                                          f"--ckpt_path last")
+                                  f"--ckpt_path last")
         return Resume(ckpt_path)
     last_files = {Path(p) for p in last_files}
     if not last_files and restarts > 0:
@@ -83,7 +83,7 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
         rejected += more
     if chosen is None:
         raise CheckpointError.damaged(", ".join(e.path for e in rejected), "--ckpt_path last found no valid "
-                                     "checkpoint: " + "; ".join(e.reason for e in rejected))
+                                      "checkpoint: " + "; ".join(e.reason for e in rejected))
     lines = tuple(f"warning: {one_line(e)}; skipped" for e in rejected)
     if rejected:
         lines += (f"warning: --ckpt_path last resumes from {chosen}, the newest valid checkpoint",)
