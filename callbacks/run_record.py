@@ -9,6 +9,7 @@ test's figures are the ``test/*`` columns (:func:`read_latest`). docs/reporting.
 import csv
 import io
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -36,13 +37,16 @@ class MetricsCSV(TensorBoardLogger):
 
     def __init__(self, save_dir: Optional[str] = None, name: Optional[str] = None,
                  version: Optional[Union[int, str]] = None, default_hp_metric: bool = False,
-                 purge_step: Optional[int] = None, **kwargs: Any) -> None:
-        """``purge_step``: SummaryWriter's; train.py sets it (and ``version``) to continue a resumed run's folder."""
+                 purge_step: Optional[int] = None, write_every_s: float = 5.0, **kwargs: Any) -> None:
+        """``purge_step``: SummaryWriter's; train.py sets it (and ``version``) to continue a resumed run's folder.
+        ``write_every_s``: between the writes :meth:`write_now` makes, the files are written at most this often."""
         super().__init__(save_dir or "runs", name=name, version=version, default_hp_metric=default_hp_metric,
                          purge_step=purge_step, **kwargs)
         self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
         self.purge_step = purge_step
+        self.write_every_s = write_every_s
         self._written: Tuple[int, List[str], str] = (0, [], "")  # rows in the file, its columns, its text
+        self._written_at = -float("inf")  # time.monotonic() of the last write
 
     @property
     def path(self) -> Path:
@@ -58,9 +62,18 @@ class MetricsCSV(TensorBoardLogger):
 
     @rank_zero_only
     def save(self) -> None:
-        """Replace the file whole with every row. Lightning saves at every log step: only the rows since the last
-        save are formatted (the text before them is kept while the columns stay the same), so a save costs the new
-        rows and one write, not the whole run's rows again."""
+        """What Lightning calls at every log step: a write once ``write_every_s`` have passed since the last. A write
+        is host time on that step (TensorBoard's flush waits for its writer thread; metrics.csv is replaced whole),
+        so steps between writes only keep their rows; :meth:`write_now` is called wherever a row must be on disk."""
+        if time.monotonic() - self._written_at >= self.write_every_s:
+            self.write_now()
+
+    @rank_zero_only
+    def write_now(self) -> None:
+        """Flush TensorBoard and replace metrics.csv whole with every row. Only the rows since the last write are
+        formatted (the text before them is kept while the columns stay the same). Called by RunRecord at each
+        checkpoint and each epoch's start, by a stop, and at the run's end (``finalize``)."""
+        self._written_at = time.monotonic()
         super().save()
         count, columns, text = self._written
         if not self.rows or count == len(self.rows):
@@ -93,11 +106,12 @@ class MetricsCSV(TensorBoardLogger):
         """On a failure path (Lightning's ``_interrupt``) a write that fails must not raise over the failure: it is
         named in the stop line instead."""
         if status == "success":
-            return super().finalize(status)  # saves
+            super().finalize(status)
+            return self.write_now()
         failed = None
         try:
             super().finalize(status)
-            self.save()
+            self.write_now()
         except OSError as error:
             failed = error
         if failed is not None:  # out of the except block: the exception being handled is the run's, not this one
@@ -182,9 +196,22 @@ def read_run(root: Union[str, Path]) -> RunResults:
     return RunResults(found[-1], read_epochs(found[-1]), read_latest(found[-1]))
 
 
+def write_records(trainer: Trainer) -> None:
+    """Every logger's rows on disk now (a logger that writes on a timer, :class:`MetricsCSV`, included)."""
+    for logger in trainer.loggers:
+        getattr(logger, "write_now", logger.save)()
+
+
 class RunRecord(Callback):
     """The run's hyperparameters with the numbers derived from them (batch plan, learning rates, strategy: the start
-    block's) to every logger when fit starts: ``hparams.yaml`` and TensorBoard's HPARAMS tab."""
+    block's) to every logger when fit starts: ``hparams.yaml`` and TensorBoard's HPARAMS tab. The loggers' rows on
+    disk whenever a checkpoint is written (a resume never lacks rows before its step) and at each epoch's start."""
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        write_records(trainer)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: Dict[str, Any]) -> None:
+        write_records(trainer)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         params = dict(compat.public_hparams(pl_module.hparams))

@@ -221,7 +221,7 @@ class DivergenceGuard(Participant):
             for logger in trainer.loggers:
                 logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)
                 try:
-                    logger.save()
+                    getattr(logger, "write_now", logger.save)()  # MetricsCSV writes on a timer otherwise
                 except OSError as error:
                     unsaved.append(f"{type(logger).__name__}'s record not written: {error.strerror or error}")
         rates, plan = getattr(pl_module, "learning_rates", None), getattr(pl_module, "batch_plan", None)

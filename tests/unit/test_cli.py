@@ -45,7 +45,7 @@ def test_default_config_is_loaded_without_flags(capsys, workdir):
     assert config["trainer"]["default_root_dir"] == "runs"
     assert config["trainer"]["logger"] == [{"class_path": "callbacks.run_record.MetricsCSV", "init_args": {
         "save_dir": None, "name": None, "version": None, "default_hp_metric": False, "log_graph": False, "prefix": "",
-        "sub_dir": None, "comment": "", "purge_step": None, "max_queue": 10, "flush_secs": 120,
+        "sub_dir": None, "comment": "", "purge_step": None, "write_every_s": 5.0, "max_queue": 10, "flush_secs": 120,
         "filename_suffix": ""}}]  # save_dir and name filled in at the run: default_root_dir, the run's name
     callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
     assert "callbacks.ThroughputReport" in callbacks and "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks

@@ -1,12 +1,15 @@
-"""``metrics.csv``: a resumed run keeps the rows before the step it resumes from and appends; the readers that
-benchmarks and experiments use (read_run, read_latest) return what the file holds."""
+"""``metrics.csv``: a resumed run keeps the rows before the step it resumes from and appends; rows are on disk at
+every checkpoint and at most ``write_every_s`` late otherwise; the readers that benchmarks and experiments use
+(read_run, read_latest) return what the file holds."""
 
 import csv
 import os
 import time
 
+from lightning.pytorch import Callback
 
-from callbacks.run_record import FILE_NAME, MetricsCSV, read_epochs, read_latest, read_run
+from callbacks.run_record import FILE_NAME, MetricsCSV, RunRecord, read_epochs, read_latest, read_rows, read_run
+from tests.unit.conftest import tiny_fit
 
 
 def write_csv(path, rows):
@@ -40,6 +43,46 @@ def test_a_new_run_in_an_empty_folder_starts_the_file(tmp_path):
     record.log_metrics({"epoch": 0, "val/acc": 0.25}, step=4)
     record.finalize("success")
     assert read_latest(tmp_path / "mlp" / "version_0") == {"step": 4.0, "epoch": 0.0, "val/acc": 0.25}
+
+
+def test_between_writes_the_rows_wait_for_write_every_s_or_write_now(tmp_path):
+    record = MetricsCSV(str(tmp_path), name="mlp", version=0, write_every_s=3600)
+    path = tmp_path / "mlp" / "version_0" / FILE_NAME
+    record.log_metrics({"epoch": 0, "train/loss": 1.0}, step=1)
+    record.save()  # the first save writes
+    record.log_metrics({"epoch": 0, "train/loss": 0.9}, step=3)
+    record.save()  # an hour has not passed: the row waits
+    assert [row["step"] for row in read_rows(path)] == ["1"]
+    record.write_now()
+    assert [row["step"] for row in read_rows(path)] == ["1", "3"]
+    record.write_every_s = 0.0
+    record.log_metrics({"epoch": 0, "train/loss": 0.8}, step=5)
+    record.save()
+    assert [row["step"] for row in read_rows(path)] == ["1", "3", "5"]
+
+
+class SaveAtBatch(Callback):
+    """Writes a checkpoint at the end of batch ``batch``; keeps metrics.csv's steps just before and just after."""
+
+    def __init__(self, batch, path):
+        self.batch, self.path, self.steps = batch, path, None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if batch_idx == self.batch:
+            before = read_rows(trainer.logger.path)
+            trainer.save_checkpoint(self.path)
+            self.steps = ([row["step"] for row in before], [row["step"] for row in read_rows(trainer.logger.path)],
+                          [str(row["step"]) for row in trainer.logger.rows])
+
+
+def test_every_row_logged_before_a_checkpoint_is_on_disk_with_it(fashion_root, tmp_path):
+    """RunRecord writes the rows at every checkpoint, so a run resumed from it never lacks one before its step."""
+    logger = MetricsCSV(str(tmp_path), name="run", version=0, write_every_s=3600)
+    save = SaveAtBatch(6, tmp_path / "mid.ckpt")
+    tiny_fit(fashion_root, tmp_path, [RunRecord(), save], logger=logger, log_every_n_steps=2, limit_val_batches=0)
+    before, after, logged = save.steps
+    assert len(before) < len(logged) == 3  # the timer held rows back (steps 1, 3, 5: one a log step)
+    assert after == logged
 
 
 def test_read_run_reads_the_newest_runs_epochs_and_test_figures(tmp_path):
