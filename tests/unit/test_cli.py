@@ -48,7 +48,7 @@ def test_default_config_is_loaded_without_flags(capsys, workdir):
         "sub_dir": None, "comment": "", "purge_step": None, "write_every_s": 5.0, "max_queue": 10, "flush_secs": 120,
         "filename_suffix": ""}}]  # save_dir and name filled in at the run: default_root_dir, the run's name
     callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
-    assert "callbacks.ThroughputReport" in callbacks and "lightning.pytorch.callbacks.ModelCheckpoint" in callbacks
+    assert "callbacks.ThroughputReport" in callbacks and "callbacks.checkpoints.ModelCheckpoint" in callbacks
     assert config["model"]["network"]["class_path"] == "lightning_modules.networks.SmallCNN"
     assert config["model"]["optimizer"] == {"class_path": "torch.optim.SGD", "init_args": {
         "lr": 0.05, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0005, "nesterov": False, "maximize": False,
