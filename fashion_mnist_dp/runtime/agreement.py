@@ -121,22 +121,24 @@ class TrainingLoss(Participant):
 
     def __init__(self) -> None:
         self.latest: Optional[float] = None
-        self._sum: Optional[torch.Tensor] = None
+        self._losses: List[torch.Tensor] = []  # since the last point, as they came (no device op per step)
         self._steps = 0
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # Lightning's detached copy
         if torch.is_tensor(loss):
-            self._sum = loss.float() if self._sum is None else self._sum + loss
+            self._losses.append(loss.float())
             self._steps += 1
+            if len(self._losses) >= 1024:  # no decision point for that long (no Agreement): bounded memory
+                self._losses = [torch.stack(self._losses).sum()]
 
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         if not self._steps:
             return torch.full((1,), math.nan, device=pl_module.device)
-        return (self._sum / self._steps).reshape(1).to(pl_module.device)
+        return (torch.stack(self._losses).sum() / self._steps).reshape(1).to(pl_module.device)
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         means = [row[0] for row in rows if not math.isnan(row[0])]
         if means:
             self.latest = sum(means) / len(means)
-        self._sum, self._steps = None, 0
+        self._losses, self._steps = [], 0
