@@ -3,12 +3,9 @@
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.commits_ab 084bfa8 --runs 5 \
         -- --data.train_subset 20000 --epochs 3 --trainer.limit_val_batches 5
 
-Each run is ``python train.py FLAGS`` of one tree (the earlier commit checked out in a temporary worktree, or
-this one) in a scratch folder, with one OpenMP thread per process as the tests use; the trees alternate run by run
-(old, new, new, old, ...) so that a slow spell of the machine falls on both. A run's speed is the median of its
-``throughput/images_per_sec`` over epochs 2..n (epoch 1 pays start-up), read from its TensorBoard file: the one
-record every commit since the throughput callback has written, so the tool reads data, not printed output. It
-prints both medians, their spreads and the ratio new/old (1.0: the change costs nothing).
+The earlier commit runs from a temporary worktree, each run in a scratch folder with one OpenMP thread, the trees
+alternating (old, new, new, old, ...); a run's speed is the median ``throughput/images_per_sec`` of epochs 2..n from
+its TensorBoard file (the one record every commit since the throughput callback writes). Prints the ratio new/old.
 """
 
 import argparse
@@ -43,13 +40,10 @@ def steady_speed(folder: Path) -> float:
 
 
 def one_run(tree: Path, flags: Sequence[str], timeout_s: float) -> float:
-    env = launch.clean_env(keep_data_dir=True)
-    with tempfile.TemporaryDirectory(prefix="commits-ab-") as scratch:
-        done = subprocess.run([sys.executable, str(tree / "train.py"), *flags], cwd=scratch, env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode != 0:
-            raise SystemExit(f"{tree}: train.py exited {done.returncode}:\n{done.stderr[-2000:]}")
-        return steady_speed(Path(scratch))
+    try:
+        return launch.run_in_scratch(flags, timeout_s, 1, steady_speed, train_py=tree / "train.py").record
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
 
 
 def main(argv=None) -> None:

@@ -46,8 +46,7 @@ def _stat(pid: int) -> Optional[Tuple[int, int]]:
 
 
 def running_in(folder: Path) -> List[int]:
-    """Pids of the running processes whose working directory is ``folder``: a job's ranks, even those whose
-    parent has exited (they are no longer below it in the process tree)."""
+    """Pids of the running processes whose working directory is ``folder``: a job's ranks, orphans included."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and _stat(int(entry.name)) is not None:
@@ -148,11 +147,8 @@ def start_all(commands: Sequence[Tuple[str, Sequence[str], Path, Dict[str, str]]
 
 def stop(jobs: Sequence[Job], grace_s: float = 10.0) -> None:
     """SIGTERM each job's group and tree (torchrun then stops its workers), SIGKILL what is left after ``grace_s``,
-    then reap the jobs.
-
-    The trees are taken before any signal (a worker whose parent died is no longer below it),
-    and only for jobs not reaped yet: a reaped job's pid may already be someone else's.
-    """
+    then reap the jobs. The trees are taken before any signal (an orphan is no longer below its job), and only for
+    jobs not reaped yet (a reaped job's pid may already be someone else's)."""
     jobs = [job for job in jobs if job.proc.returncode is None]
     trees = [process_tree(job.proc.pid) for job in jobs]
     for job, tree in zip(jobs, trees):
@@ -206,7 +202,8 @@ def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optio
 def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
                    read: Optional[Callable[[Path], Any]] = None, train_py: Path = TRAIN_PY) -> Finished:
     """:func:`run_train` in a fresh temporary folder, ``$FASHION_MNIST_DIR`` kept, ``threads`` OpenMP threads (None:
-    torch's choice); ``read(folder)`` keeps what it returns before the folder goes. RuntimeError on a non-zero exit."""
+    torch's choice); RuntimeError on a non-zero exit, else ``read(folder)`` keeps what it returns before the folder
+    goes."""
     env = clean_env(keep_data_dir=True)
     if threads is None:
         env.pop("OMP_NUM_THREADS")
@@ -214,10 +211,10 @@ def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optiona
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="train-py-") as cwd:
         finished = run_train(args, Path(cwd), timeout_s, env, train_py=train_py)
+        if finished.returncode != 0:
+            raise RuntimeError(f"{train_py} {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
         if read is not None:
             finished.record = read(Path(cwd))
-    if finished.returncode != 0:
-        raise RuntimeError(f"{train_py} {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
     return finished
 
 

@@ -2,10 +2,8 @@
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.memory_format [--networks cnn,fast_cnn,mlp] [--repeats 4]
 
-For each network and thread count, the bare loop of ``make bench`` (a) in both formats; with
-``--train_py``, also train.py's steady state (default config, ``--model.channels_last true|false``).
-The two formats of a pair run back to back, in the opposite order every other repeat; medians
-and the NHWC/NCHW ratio are printed as a Markdown table.
+For each network and thread count, the bare loop of ``make bench`` (a) in both formats (``--train_py``: also
+train.py's steady state), back to back in alternating order; medians and the NHWC/NCHW ratio as a Markdown table.
 """
 
 import argparse

@@ -4,9 +4,8 @@ epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.step_time_cost [--pairs 10] [--devices 2]
     ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
-On and off are ``--breakdown true`` and ``--breakdown false`` (its default is off on a GPU); everything else is the
-same command. ``--on=FLAGS --off=FLAGS`` (with ``=``: the flags start with ``--``) times any other two variants the
-same way, e.g. our WeightEMA against Lightning's EMAWeightAveraging (benchmarks/gpu_session.sh, stage ema).
+On and off are ``--breakdown true`` and ``--breakdown false``; ``--on=FLAGS --off=FLAGS`` times any other two
+variants the same way (benchmarks/gpu_session.sh, stage ema).
 """
 
 import argparse
