@@ -9,6 +9,7 @@ its TensorBoard file (the one record every commit since the throughput callback 
 """
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Sequence
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from benchmarks.speed import machine
+from benchmarks.speed import interleaved, machine
 from benchmarks import launch
 from benchmarks.launch import REPO
 from benchmarks.tables import markdown_table, median_range
@@ -63,12 +64,10 @@ def main(argv=None) -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old_tree), commit],
                        check=True, capture_output=True)
         try:
-            speeds = {"old": [], "new": []}
-            for i in range(args.runs):
-                for side in (("old", "new") if i % 2 == 0 else ("new", "old")):
-                    tree = old_tree if side == "old" else REPO
-                    speeds[side].append(one_run(tree, args.flags, args.timeout))
-                    print(f"run {i + 1}/{args.runs} {side}: {speeds[side][-1]:.0f} images/sec", flush=True)
+            speeds = interleaved({side: functools.partial(one_run, tree, args.flags, args.timeout)
+                                  for side, tree in (("old", old_tree), ("new", REPO))}, args.runs,
+                                 lambda i, got, wall: print(f"run {i + 1}/{args.runs}: old {got['old'][-1]:.0f}, new "
+                                                            f"{got['new'][-1]:.0f} images/sec", flush=True))
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)],
                            capture_output=True)

@@ -80,6 +80,21 @@ def timed_steps(step: Callable[[], int], warmup: int, seconds: float, steps: int
             return images / elapsed
 
 
+def interleaved(plan: Dict, repeats: int, report: Callable = lambda repeat, samples, wall: None) -> Dict:
+    """Each of ``plan``'s measurements once per repeat, every other repeat in reverse order (a measurement's slot,
+    what ran just before it, shifted e1 by 10-15 % when it always followed d2); ``report(repeat, samples, wall)``
+    after each repeat, ``wall``: each measurement's seconds. Returns the samples, a list per measurement."""
+    samples: Dict = {name: [] for name in plan}
+    for repeat in range(repeats):
+        wall = {}
+        for name in plan if repeat % 2 == 0 else reversed(plan):
+            begin = time.perf_counter()
+            samples[name].append(plan[name]())
+            wall[name] = time.perf_counter() - begin
+        report(repeat, samples, wall)
+    return samples
+
+
 def training_step(net, optimizer, batch: Callable[[], tuple], sync: Callable[[], None] = lambda: None,
                   autocast=contextlib.nullcontext()):
     """A step of SGD on ``batch()``'s images and targets, then ``sync()``; returns the images it took."""
@@ -305,18 +320,10 @@ def main(argv=None) -> None:
     }
     if opts.skip_ddp:
         plan = {name: rate for name, rate in plan.items() if name not in DDP}
-    samples: Dict[str, List[float]] = {name: [] for name in plan}
     started = time.perf_counter()
-    for repeat in range(opts.repeats):
-        # Every other repeat runs the plan backwards: a measurement's slot (what ran just before it, e.g. two busy
-        # cores) shifted e1 by 10-15 % when e1 always followed d2.
-        wall: Dict[str, float] = {}  # seconds each measurement took, start-up included
-        for name in plan if repeat % 2 == 0 else reversed(plan):
-            begin = time.perf_counter()
-            samples[name].append(plan[name]())
-            wall[name] = time.perf_counter() - begin
-        print(f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
-              + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items()), flush=True)
+    samples = interleaved(plan, opts.repeats, lambda repeat, samples, wall: print(
+        f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
+        + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items()), flush=True))
     m = {name: statistics.median(values) for name, values in samples.items()}
     ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"]}
     if not opts.skip_ddp:
