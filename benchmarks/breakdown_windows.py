@@ -3,11 +3,9 @@ on a GPU) and paused, the median step time of each kind, their ratio. Pairs of w
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.breakdown_windows --accelerator gpu [--precision bf16-mixed]
 
-train.py runs with ``--breakdown true`` and :class:`AlternatingWindows` appended: from the second epoch's first
-step it times windows of ``--window`` steps (device synchronised at each window's ends), pausing the breakdown's timer
-(``StepTimer.paused``: no marks, no events) in every other window, until ``--windows`` of each kind are in. The DDP
-communication hook stays registered in both kinds: what a paused window still pays is that hook's Python (on a
-single GPU ``ddp`` runs it per bucket); the all-reduce itself is DDP's either way.
+train.py runs with ``--breakdown true`` and :class:`AlternatingWindows`: from epoch 2 it times ``--window``-step
+windows (device synchronised at their ends), the breakdown's timer paused (``StepTimer.paused``) in every other one,
+until ``--windows`` of each kind are in. A paused window still pays the DDP comm hook's Python (docs/benchmarks.md).
 """
 
 import argparse

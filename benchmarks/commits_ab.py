@@ -3,15 +3,13 @@
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.commits_ab 084bfa8 --runs 5 \
         -- --data.train_subset 20000 --epochs 3 --trainer.limit_val_batches 5
 
-Each run is ``python train.py FLAGS`` of one tree (the earlier commit checked out in a temporary worktree, or
-this one) in a scratch folder, with one OpenMP thread per process as the tests use; the trees alternate run by run
-(old, new, new, old, ...) so that a slow spell of the machine falls on both. A run's speed is the median of its
-``throughput/images_per_sec`` over epochs 2..n (epoch 1 pays start-up), read from its TensorBoard file: the one
-record every commit since the throughput callback has written, so the tool reads data, not printed output. It
-prints both medians, their spreads and the ratio new/old (1.0: the change costs nothing).
+The earlier commit runs from a temporary worktree, each run in a scratch folder with one OpenMP thread, the trees
+alternating (old, new, new, old, ...); a run's speed is the median ``throughput/images_per_sec`` of epochs 2..n from
+its TensorBoard file (the one record every commit since the throughput callback writes). Prints the ratio new/old.
 """
 
 import argparse
+import functools
 import statistics
 import subprocess
 import sys
@@ -21,7 +19,7 @@ from typing import Sequence
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from benchmarks.speed import machine
+from benchmarks.speed import interleaved, machine
 from benchmarks import launch
 from benchmarks.launch import REPO
 from benchmarks.tables import markdown_table, median_range
@@ -43,13 +41,10 @@ def steady_speed(folder: Path) -> float:
 
 
 def one_run(tree: Path, flags: Sequence[str], timeout_s: float) -> float:
-    env = launch.clean_env(keep_data_dir=True)
-    with tempfile.TemporaryDirectory(prefix="commits-ab-") as scratch:
-        done = subprocess.run([sys.executable, str(tree / "train.py"), *flags], cwd=scratch, env=env,
-                              capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode != 0:
-            raise SystemExit(f"{tree}: train.py exited {done.returncode}:\n{done.stderr[-2000:]}")
-        return steady_speed(Path(scratch))
+    try:
+        return launch.run_in_scratch(flags, timeout_s, 1, steady_speed, train_py=tree / "train.py").record
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
 
 
 def main(argv=None) -> None:
@@ -69,12 +64,10 @@ def main(argv=None) -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old_tree), commit],
                        check=True, capture_output=True)
         try:
-            speeds = {"old": [], "new": []}
-            for i in range(args.runs):
-                for side in (("old", "new") if i % 2 == 0 else ("new", "old")):
-                    tree = old_tree if side == "old" else REPO
-                    speeds[side].append(one_run(tree, args.flags, args.timeout))
-                    print(f"run {i + 1}/{args.runs} {side}: {speeds[side][-1]:.0f} images/sec", flush=True)
+            speeds = interleaved({side: functools.partial(one_run, tree, args.flags, args.timeout)
+                                  for side, tree in (("old", old_tree), ("new", REPO))}, args.runs,
+                                 lambda i, got, wall: print(f"run {i + 1}/{args.runs}: old {got['old'][-1]:.0f}, new "
+                                                            f"{got['new'][-1]:.0f} images/sec", flush=True))
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)],
                            capture_output=True)

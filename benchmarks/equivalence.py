@@ -1,20 +1,17 @@
 """The equivalence figures in docs/strategies.md, from the same runs the tests make (tiny IDX data, mlp).
 
-    .venv/bin/python benchmarks/equivalence.py
+    .venv/bin/python -m benchmarks.equivalence
 
 Prints how far apart the final weights of runs that theory says are equal (or close) end up.
 """
 
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.tables import markdown_table  # noqa: E402
-from tests.idx_files import write_fashion_mnist  # noqa: E402
-from tests.strategy_runs import StrategyRuns  # noqa: E402
-from tests.test_equivalence import DDP2, MOMENTUM, _plain_sgd  # noqa: E402
+from benchmarks.tables import markdown_table
+from tests.idx_files import write_fashion_mnist
+from tests.strategy_runs import StrategyRuns
+from tests.test_equivalence import DDP2, MOMENTUM, _plain_sgd
 
 
 def main() -> None:

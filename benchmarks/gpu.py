@@ -4,9 +4,8 @@
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu options    # train.py's speed options, steady state
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu smoke      # ddp (NCCL), dp and fsdp each train 20 steps
 
-Each prints a Markdown table (and the machine) to paste into docs/benchmarks.md. GPU timings
-are stable enough for 2 interleaved repeats; the CPU half of the story is ``make bench``.
-The recipes' time to accuracy is ``benchmarks/recipe_runs.py`` with a GPU recipe.
+Each prints a Markdown table and the machine; 2 interleaved repeats (GPU timings are stable). The CPU half is
+``make bench``; the recipes' time to accuracy is ``benchmarks/recipe_runs.py`` with a GPU recipe.
 """
 
 import argparse
@@ -17,12 +16,11 @@ from pathlib import Path
 from typing import Dict, List
 
 import torch
-import torch.nn.functional as F
 import yaml
 
-from benchmarks.speed import machine, named_class, sgd_for, timed_steps
 from benchmarks import launch
 from benchmarks.launch import REPO
+from benchmarks.speed import compute_bound, machine
 from benchmarks.tables import markdown_table, median_range
 from callbacks.run_record import run_dirs
 
@@ -45,37 +43,19 @@ VARIANTS = {
 }
 
 
-def bare_loop(network: str, batch: int, seconds: float, bf16: bool, channels_last: bool = False) -> float:
-    """Compute bound on the GPU: one fixed batch in GPU memory, forward/backward/SGD, synchronised each step."""
-    torch.manual_seed(0)
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    net = named_class("--model.network", network)().cuda().train().to(memory_format=memory_format)
-    optimizer = sgd_for(net)
-    images = torch.randn(batch, 1, 28, 28, device="cuda").to(memory_format=memory_format)
-    targets = torch.randint(0, 10, (batch,), device="cuda")
-
-    def step() -> int:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(net(images), targets)
-        loss.backward()
-        optimizer.step()
-        torch.cuda.synchronize()
-        return batch
-
-    return timed_steps(step, warmup=5, seconds=seconds)
+def bare_loop(network: str, batch: int, seconds: float, bf16: bool) -> float:
+    """Compute bound on the GPU, NCHW: one fixed batch in GPU memory, synchronised every step."""
+    return compute_bound(network, batch, seconds, device="cuda", channels_last=False, bf16=bf16)
 
 
 def table(opts) -> List[str]:
-    lines = [f"Bare loop on one GPU by batch size (`{opts.network}`, SGD momentum, one fixed batch in GPU memory, "
-             f"synchronised every step; {opts.seconds:g} s per cell):", "",
-             markdown_table(["batch", "fp32 images/sec", "bf16 autocast images/sec"], [])]
+    rows = []
     for size in (2, 4, 16, 64, 128, 256, 512, 1024, 4096):
-        fp32 = bare_loop(opts.network, size, opts.seconds, bf16=False)
-        bf16 = bare_loop(opts.network, size, opts.seconds, bf16=True)
-        lines.append(f"| {size} | {fp32:.0f} | {bf16:.0f} |")
-        print(lines[-1], flush=True)
-    return lines
+        rows.append([str(size), *(f"{bare_loop(opts.network, size, opts.seconds, x):.0f}" for x in (False, True))])
+        print(rows[-1], flush=True)
+    return [f"Bare loop on one GPU by batch size (`{opts.network}`, SGD momentum, one fixed batch in GPU memory, "
+            f"synchronised every step; {opts.seconds:g} s per cell):", "",
+            markdown_table(["batch", "fp32 images/sec", "bf16 autocast images/sec"], rows)]
 
 
 def train_py(args: List[str], timeout: float = 600, read=None):
@@ -86,16 +66,15 @@ def train_py(args: List[str], timeout: float = 600, read=None):
 def backend(runs: Path) -> str:
     """The process group backend of the newest run under ``runs``, from its hparams.yaml."""
     found = run_dirs(runs)
-    hparams = yaml.safe_load((found[-1] / "hparams.yaml").read_text()) if found else {}
-    return hparams.get("backend", "no record")
+    return (yaml.safe_load((found[-1] / "hparams.yaml").read_text()) if found else {}).get("backend", "no record")
 
 
 def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
-    """Median images/sec of epochs 2..n of full epochs on the GPU, and the first step's seconds if printed.
-    No validation (not in the images/sec; ``1`` would mean all of it: the CLI reads it as the float 1.0)."""
+    """Median images/sec of epochs 2..n of full epochs on the GPU, and the first step's seconds if recorded.
+    No validation (``0``: ``1`` would mean all of it, the CLI reads it as the float 1.0)."""
     record = train_py(["--accelerator", "gpu", "--devices", "1", "--network", network, "--batch_size", str(batch),
-                    "--epochs", str(epochs), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
-                    "--test_after_fit", "false", *extra])
+                       "--epochs", str(epochs), "--trainer.limit_val_batches", "0",
+                       "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra])
     rates = {epoch.epoch: epoch.images_per_sec for epoch in record.epochs}
     return statistics.median(rates[e] for e in range(2, epochs + 1)), record.latest.get("time/first_step_s")
 
@@ -118,36 +97,32 @@ def options(opts) -> List[str]:
     bound = {dtype: bare_loop(opts.network, opts.batch_size, opts.seconds, bf16=(dtype == "bf16"))
              for dtype in ("fp32", "bf16")}
     base = statistics.median(samples["fp32"]) if samples["fp32"] else float("nan")
-    lines = [f"train.py on one GPU, `{opts.network}`, batch {opts.batch_size}, full epochs, steady state (epochs 2-"
-             f"{opts.epochs}), median of {opts.repeats} interleaved repeats; a = the bare loop at the same batch "
-             f"(fp32 {bound['fp32']:.0f}, bf16 {bound['bf16']:.0f} images/sec):", ""]
     rows = []
     for name, values in samples.items():
-        if not values:
-            rows.append([name, "failed", "", ""])
-            continue
-        rate = statistics.median(values)
-        a = bound["bf16" if "16" in name else "fp32"]
+        rate, a = statistics.median(values or [0]), bound["bf16" if "16" in name else "fp32"]
         note = f" (first step {first_steps[name]:.1f} s)" if name in first_steps else ""
-        rows.append([f"{name}{note}", median_range(values), f"{rate / base:.2f}", f"{rate / a:.2f}"])
-    return lines + [markdown_table(["variant", "images/sec", "vs fp32", "b/a"], rows)]
+        rows.append([f"{name}{note}", median_range(values), f"{rate / base:.2f}", f"{rate / a:.2f}"] if values
+                    else [name, "failed", "", ""])
+    return [f"train.py on one GPU, `{opts.network}`, batch {opts.batch_size}, full epochs, steady state (epochs 2-"
+            f"{opts.epochs}), median of {opts.repeats} interleaved repeats; a = the bare loop at the same batch "
+            f"(fp32 {bound['fp32']:.0f}, bf16 {bound['bf16']:.0f} images/sec):", "",
+            markdown_table(["variant", "images/sec", "vs fp32", "b/a"], rows)]
 
 
 def smoke(opts) -> List[str]:
     """ddp over NCCL, dp and fsdp on the one GPU: each trains 20 steps and validates; the backend is read back."""
-    lines = [markdown_table(["strategy", "exit", "backend / note", "seconds"], [])]
+    rows = []
     for strategy in ("ddp", "dp", "fsdp"):
         started = time.perf_counter()
         try:
-            note = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
-                             "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
-                             "--test_after_fit", "false"], timeout=300, read=backend)
-            code = 0
+            note, code = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
+                                   "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
+                                   "--test_after_fit", "false"], timeout=300, read=backend), 0
         except SystemExit as error:
             note, code = str(error).splitlines()[-1][:120], 1
-        lines.append(f"| {strategy} | {code} | {note} | {time.perf_counter() - started:.0f} |")
-        print(lines[-1], flush=True)
-    return lines
+        rows.append([strategy, str(code), note, f"{time.perf_counter() - started:.0f}"])
+        print(rows[-1], flush=True)
+    return [markdown_table(["strategy", "exit", "backend / note", "seconds"], rows)]
 
 
 def main(argv=None) -> None:

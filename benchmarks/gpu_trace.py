@@ -1,9 +1,7 @@
 """On a GPU: does the step-time breakdown add host-device synchronisation, and does its split agree with Holistic
-Trace Analysis (HTA)? train.py (ddp on one device) runs with the breakdown on, then off, each with a ProfiledWindow:
-the torch profiler over a window of steps, their forward, backward and optimizer marked as record_function ranges at
-the hooks where the breakdown takes its marks (Lightning's PyTorchProfiler marks training_step and backward, not
-these spans). Prints each run's synchronising CUDA calls in the window, and the
-breakdown's parts per step beside HTA's GPU time of each range (without HTA installed, the trace's own spans).
+Trace Analysis (HTA)? train.py (ddp on one device) runs with the breakdown on, then off, each with a ProfiledWindow
+(the torch profiler over a window of steps, forward, backward and optimizer marked as record_function ranges where
+the breakdown takes its marks); prints the window's synchronising CUDA calls and the breakdown's parts beside HTA's.
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu_trace [--network wrn] [--precision bf16-mixed]
 """

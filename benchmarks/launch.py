@@ -46,8 +46,7 @@ def _stat(pid: int) -> Optional[Tuple[int, int]]:
 
 
 def running_in(folder: Path) -> List[int]:
-    """Pids of the running processes whose working directory is ``folder``: a job's ranks, even those whose
-    parent has exited (they are no longer below it in the process tree)."""
+    """Pids of the running processes whose working directory is ``folder``: a job's ranks, orphans included."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and _stat(int(entry.name)) is not None:
@@ -148,11 +147,8 @@ def start_all(commands: Sequence[Tuple[str, Sequence[str], Path, Dict[str, str]]
 
 def stop(jobs: Sequence[Job], grace_s: float = 10.0) -> None:
     """SIGTERM each job's group and tree (torchrun then stops its workers), SIGKILL what is left after ``grace_s``,
-    then reap the jobs.
-
-    The trees are taken before any signal (a worker whose parent died is no longer below it),
-    and only for jobs not reaped yet: a reaped job's pid may already be someone else's.
-    """
+    then reap the jobs. The trees are taken before any signal (an orphan is no longer below its job), and only for
+    jobs not reaped yet (a reaped job's pid may already be someone else's)."""
     jobs = [job for job in jobs if job.proc.returncode is None]
     trees = [process_tree(job.proc.pid) for job in jobs]
     for job, tree in zip(jobs, trees):
@@ -191,11 +187,11 @@ class Finished:
 
 
 def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optional[Dict[str, str]] = None,
-              prefix: Sequence[str] = ()) -> Finished:
+              prefix: Sequence[str] = (), train_py: Path = TRAIN_PY) -> Finished:
     """``python train.py ARGS`` in ``cwd`` as a user runs it (``env`` defaults to :func:`clean_env`), to its end;
     raises TimeoutError (after stopping it and everything it started) past ``timeout_s``."""
     with tempfile.TemporaryDirectory(prefix="train-py-logs-") as logs:
-        job = start("train", [str(TRAIN_PY), *args], Path(cwd), Path(logs), clean_env() if env is None else env,
+        job = start("train", [str(train_py), *args], Path(cwd), Path(logs), clean_env() if env is None else env,
                     prefix)
         timed_out = wait_all([job], timeout_s)
         if timed_out:
@@ -204,32 +200,54 @@ def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optio
 
 
 def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
-                   read: Optional[Callable[[Path], Any]] = None) -> Finished:
-    """``python train.py ARGS`` in a fresh temporary folder, with ``$FASHION_MNIST_DIR`` kept and ``threads``
-    OpenMP threads (None: torch's own choice): benchmarks and recipe runs. Raises RuntimeError on a non-zero exit;
-    ``read(folder)``: what to keep of the folder (e.g. the run's record) before it is removed."""
+                   read: Optional[Callable[[Path], Any]] = None, train_py: Path = TRAIN_PY) -> Finished:
+    """:func:`run_train` in a fresh temporary folder, ``$FASHION_MNIST_DIR`` kept, ``threads`` OpenMP threads (None:
+    torch's choice); RuntimeError on a non-zero exit, else ``read(folder)`` keeps what it returns before the folder
+    goes."""
     env = clean_env(keep_data_dir=True)
     if threads is None:
         env.pop("OMP_NUM_THREADS")
     else:
         env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory(prefix="train-py-") as cwd:
-        finished = run_train(args, Path(cwd), timeout_s, env)
+        finished = run_train(args, Path(cwd), timeout_s, env, train_py=train_py)
+        if finished.returncode != 0:
+            raise RuntimeError(f"{train_py} {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
         if read is not None:
             finished.record = read(Path(cwd))
-    if finished.returncode != 0:
-        raise RuntimeError(f"train.py {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
     return finished
 
 
 def train_record(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
-                 read: Optional[Callable[[Path], Any]] = None):
-    """:func:`run_in_scratch`'s run, read back from its ``runs`` folder by ``read`` (default: callbacks/run_record.py's
-    ``read_run``, the newest run's epochs and last values); a failed run ends the calling tool (SystemExit with the
-    command and its stderr tail)."""
+                 read: Optional[Callable[[Path], Any]] = None, train_py: Path = TRAIN_PY):
+    """:func:`run_in_scratch`'s run, read back by ``read(runs folder)`` (default: callbacks/run_record.py's
+    ``read_run``); a failed run ends the calling tool (SystemExit with its stderr tail)."""
     from callbacks.run_record import read_run  # imports lightning: only when a tool trains
 
     try:
-        return run_in_scratch(args, timeout_s, threads, read=lambda folder: (read or read_run)(folder / "runs")).record
+        return run_in_scratch(args, timeout_s, threads, lambda folder: (read or read_run)(folder / "runs"),
+                              train_py).record
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
+
+
+def python_ranks(code: str, args: Sequence[str], ranks: int, gloo: bool = False) -> List[subprocess.Popen]:
+    """``ranks`` processes of ``python -c CODE ARGS`` in the repository, one thread each, stdin and stdout piped;
+    ``gloo``: as the ranks of one process group on 127.0.0.1 (``dist.init_process_group("gloo")`` finds it)."""
+    group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(ranks)} if gloo else {}
+    return [subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=REPO, text=True,
+                             env=clean_env({**group, **({"RANK": str(rank)} if gloo else {})}),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE) for rank in range(ranks)]
+
+
+def outputs(procs: Sequence[subprocess.Popen], before: Callable[[], None] = lambda: None,
+            timeout_s: float = 300) -> List[str]:
+    """Run ``before``, then each process's whole stdout; none of them is left running."""
+    try:
+        before()
+        return [proc.communicate(timeout=timeout_s)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

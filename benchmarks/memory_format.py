@@ -2,20 +2,19 @@
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.memory_format [--networks cnn,fast_cnn,mlp] [--repeats 4]
 
-For each network and thread count, the bare loop of ``make bench`` (a) in both formats; with
-``--train_py``, also train.py's steady state (default config, ``--model.channels_last true|false``).
-The two formats of a pair run back to back, in the opposite order every other repeat; medians
-and the NHWC/NCHW ratio are printed as a Markdown table.
+For each network and thread count, the bare loop of ``make bench`` (a) in both formats (``--train_py``: also
+train.py's steady state), back to back in alternating order; medians and the NHWC/NCHW ratio as a Markdown table.
 """
 
 import argparse
+import functools
 import statistics
 import sys
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, Tuple
 
 import torch
 
-from benchmarks.speed import compute_bound, machine, train_py_rate
+from benchmarks.speed import compute_bound, interleaved, machine, train_py_rate
 from benchmarks.tables import markdown_table, median_range
 
 
@@ -37,29 +36,23 @@ def main(argv=None) -> None:
     parser.add_argument("--train_py", action="store_true", help="also train.py (cnn only), 30 steps x 3 epochs")
     opts = parser.parse_args(argv)
     batch = opts.batch_size
-    pairs: List[Tuple[str, Dict[bool, Callable[[], float]]]] = []
+    plan: Dict[Tuple[str, bool], Callable[[], float]] = {}  # the two formats of a measurement back to back
     for network in opts.networks.split(","):
         for threads in (torch.get_num_threads(), 1):
-            pairs.append((f"bare loop, `{network}`, {threads} thread(s)",
-                          {cl: (lambda n=network, t=threads, c=cl: bare(n, batch, opts.seconds, t, c))
-                           for cl in (False, True)}))
+            plan.update({(f"bare loop, `{network}`, {threads} thread(s)", cl):
+                         functools.partial(bare, network, batch, opts.seconds, threads, cl) for cl in (False, True)})
     if opts.train_py:
-        pairs.append(("train.py, `cnn`, default config",
-                      {cl: (lambda c=cl: train_py_rate("cnn", batch, 30, epochs=3,
-                                                       extra=["--model.channels_last", str(c).lower()]))
-                       for cl in (False, True)}))
-    samples: Dict[Tuple[str, bool], List[float]] = {}
-    for repeat in range(opts.repeats):
-        for name, rates in pairs:
-            for channels_last in ((False, True) if repeat % 2 == 0 else (True, False)):
-                samples.setdefault((name, channels_last), []).append(rates[channels_last]())
-        print(f"repeat {repeat + 1}/{opts.repeats} done", flush=True)
+        plan.update({("train.py, `cnn`, default config", cl): functools.partial(
+            train_py_rate, "cnn", batch, 30, epochs=3, extra=["--model.channels_last", str(cl).lower()])
+            for cl in (False, True)})
+    samples = interleaved(plan, opts.repeats, lambda repeat, samples, wall: print(
+        f"repeat {repeat + 1}/{opts.repeats} done", flush=True))
     print(f"\nCommand: `python -m benchmarks.memory_format {' '.join(sys.argv[1:] if argv is None else argv)}`; "
           f"batch {batch}, fp32, SGD momentum; images/sec, median of {opts.repeats} (range). Machine: {machine()}.\n")
     print(markdown_table(["measurement", "NCHW", "NHWC", "NHWC / NCHW"], [
         [name, median_range(samples[(name, False)]), median_range(samples[(name, True)]),
          f"{statistics.median(samples[(name, True)]) / statistics.median(samples[(name, False)]):.2f}"]
-        for name, _ in pairs]))
+        for name in dict.fromkeys(name for name, _ in plan)]))
 
 
 if __name__ == "__main__":

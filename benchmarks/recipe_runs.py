@@ -2,15 +2,9 @@
 
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.recipe_runs configs/recipes/fast_cpu.yaml [--runs 3]
 
-Each run is ``train.py --config RECIPE --seed S`` as a user types it, in a scratch folder, and its figures are read
-from the run's record (metrics.csv, callbacks/run_record.py), never from its output. Training seconds are the last
-epoch's cumulative time (training only, validation excluded); test accuracy is the test after fit (the last epoch when
-validation is the test split). Extra flags after ``--`` go to every run.
-
-    ... recipe_runs NEW.yaml --runs 5 --against OLD.yaml
-
-runs the two recipes alternately (old 42, new 42, old 43, ...) and prints the ratio of their median training times:
-the back-to-back comparison a "half today's time" goal needs on a machine whose speed drifts.
+Each run is ``train.py --config RECIPE --seed S [FLAGS after --]`` in a scratch folder, read back from its record
+(training seconds: the last epoch's cumulative time; test accuracy: the test after fit). ``--against OLD.yaml`` runs
+the two recipes alternately (old 42, new 42, old 43, ...) and prints the ratio of their median training times.
 """
 
 import argparse

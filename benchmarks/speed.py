@@ -2,33 +2,15 @@
 
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.speed [--network cnn] [--repeats 3]
 
-For one network and per-device batch, in one run, with the measurements interleaved
-(a, b, c, d1, ... in one repeat, the reverse order in the next, so that no measurement always
-follows the same one) and medians quoted:
-
-  (a) compute bound: a bare PyTorch loop (forward, backward, SGD step) on one fixed batch in memory,
-      in train.py's default memory format (configs/default.yaml's model.channels_last);
-  (b) train.py as users run it (configs/default.yaml, its callbacks and logger), steady state:
-      the epoch line's images/sec of epochs 2..n (epoch 1 pays for start-up and warm-up);
-  (c) the workshop's loop: torchvision's FashionMNIST with ToTensor/Normalize per image and a DataLoader,
-      NCHW as the workshop runs it;
-  (d) ddp on CPU: train.py with 2 processes x 1 thread against 1 process x 1 thread, and the
-      machine's own ceiling for it: two independent one-thread bare loops at once (no ddp, no
-      communication) against one alone. Where that ceiling is under 2, two busy cores share
-      something (caches, memory bandwidth, the hypervisor) and no ddp code can beat it;
-  (g) the two bare loops of e2 in lockstep: after each step the two processes all-reduce one number
-      (no gradients), so each step waits for the slower one, as every synchronous data-parallel step
-      does; g/e2 is what that wait costs on this machine;
-  (f) the bare loop of (a) under torch's DistributedDataParallel, 2 processes x 1 thread over gloo:
-      f/g is what the gradient all-reduce adds to the lockstep, d2/f what train.py and Lightning add.
-
-It prints b/a, b/c and the 2-process speed-up, a throughput-by-batch-size table of the bare
-loop (the lecture's CPU vs GPU table; GPU rows when CUDA is visible), the time of
-``train.py --help`` and of a start-up to the first optimizer step, and with ``--write``
-replaces the generated section of docs/benchmarks.md.
+One network and per-device batch; the measurements of ``MEASURED`` run interleaved (one repeat in order, the next
+reversed) and medians are quoted, then the bare loop by batch size and the start-up times. The ceiling e2/e1: two
+independent one-thread loops against one; under 2, two busy cores share something no ddp code can beat. g/e2 is
+what the lockstep's wait costs, f/g what the gradient all-reduce adds, d2/f what train.py and Lightning add.
+``--write`` replaces the generated section of docs/benchmarks.md.
 """
 
 import argparse
+import contextlib
 import datetime
 import functools
 import inspect
@@ -39,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
@@ -76,6 +58,7 @@ OPTIONS = {
 DOC = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- make bench: begin -->", "<!-- make bench: end -->"
 TARGETS = {"b/a": 0.95, "b/c": 1.3, "ddp speed-up": 1.85}  # the issue's; the ceiling rows are information
+DDP = ("d1", "e1", "d2", "e2", "g", "f")  # left out by --skip_ddp
 
 
 def sgd_for(net: torch.nn.Module) -> torch.optim.Optimizer:
@@ -97,12 +80,43 @@ def timed_steps(step: Callable[[], int], warmup: int, seconds: float, steps: int
             return images / elapsed
 
 
+def interleaved(plan: Dict, repeats: int, report: Callable = lambda repeat, samples, wall: None) -> Dict:
+    """Each of ``plan``'s measurements once per repeat, every other repeat in reverse order (a measurement's slot,
+    what ran just before it, shifted e1 by 10-15 % when it always followed d2); ``report(repeat, samples, wall)``
+    after each repeat, ``wall``: each measurement's seconds. Returns the samples, a list per measurement."""
+    samples: Dict = {name: [] for name in plan}
+    for repeat in range(repeats):
+        wall = {}
+        for name in plan if repeat % 2 == 0 else reversed(plan):
+            begin = time.perf_counter()
+            samples[name].append(plan[name]())
+            wall[name] = time.perf_counter() - begin
+        report(repeat, samples, wall)
+    return samples
+
+
+def training_step(net, optimizer, batch: Callable[[], tuple], sync: Callable[[], None] = lambda: None,
+                  autocast=contextlib.nullcontext()):
+    """A step of SGD on ``batch()``'s images and targets, then ``sync()``; returns the images it took."""
+    def step() -> int:
+        images, targets = batch()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = F.cross_entropy(net(images), targets)
+        loss.backward()
+        optimizer.step()
+        sync()
+        return len(targets)
+
+    return step
+
+
 def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu", steps: int = 0,
-                  sync: str = "", channels_last: bool = DEFAULT_CHANNELS_LAST) -> float:
+                  sync: str = "", channels_last: bool = DEFAULT_CHANNELS_LAST, bf16: bool = False) -> float:
     """(a) One fixed, already normalised batch: no data loading at all. ``steps``: time that many steps instead of
     ``seconds``; ``sync`` (the process group must be up): ``ddp`` wraps the network in DistributedDataParallel,
     ``lockstep`` all-reduces one number after each step; ``channels_last``: NHWC weights and batch, as train.py's
-    ``--model.channels_last``."""
+    ``--model.channels_last``; ``bf16``: under CUDA's bf16 autocast."""
     torch.manual_seed(0)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     net = named_class("--model.network", network)().to(device).train().to(memory_format=memory_format)
@@ -113,112 +127,69 @@ def compute_bound(network: str, batch: int, seconds: float, device: str = "cpu",
     images = torch.randn(batch, 1, 28, 28, device=device).contiguous(memory_format=memory_format)
     targets = torch.randint(0, 10, (batch,), device=device)
 
-    def step() -> int:
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(net(images), targets).backward()
-        optimizer.step()
+    def after() -> None:
         if sync == "lockstep":
             torch.distributed.all_reduce(handshake)
         if device == "cuda":
             torch.cuda.synchronize()
-        return batch
 
-    return timed_steps(step, warmup=3, seconds=seconds, steps=steps)
+    step = training_step(net, optimizer, lambda: (images, targets), after,
+                         torch.autocast(device, dtype=torch.bfloat16, enabled=bf16))
+    return timed_steps(step, warmup=5 if device == "cuda" else 3, seconds=seconds, steps=steps)
 
 
 def concurrent_bare_loops(network: str, batch: int, seconds: float, processes: int) -> float:
-    """Summed images/sec of ``processes`` one-thread bare loops timed over the same wall-clock window.
-
-    Each is its own Python process (as ddp ranks are); once all have imported torch and say so, the
-    parent gives them one start instant, so the window is shared and nothing but the hardware couples them.
-    """
-    code = ("import sys, time, torch; torch.set_num_threads(1); sys.path.insert(0, sys.argv[1]); "
-            "from benchmarks.speed import compute_bound; print('ready', flush=True); "
-            "start_at = float(sys.stdin.readline()); time.sleep(max(0.0, start_at - time.time())); "
-            "print(compute_bound(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])), flush=True)")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    workers = [subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(seconds)],
-                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-               for _ in range(processes)]
+    """Summed images/sec of ``processes`` one-thread bare loops, each its own process (as ddp ranks are), timed over
+    one wall-clock window: once all have imported torch and said so, they get one start instant."""
+    code = ("import sys, time, torch; from benchmarks.speed import compute_bound; print('ready', flush=True); "
+            "time.sleep(max(0.0, float(sys.stdin.readline()) - time.time())); "
+            "print(compute_bound(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])), flush=True)")
+    workers = launch.python_ranks(code, [network, batch, seconds], processes)
 
     def start_together() -> None:
         for worker in workers:
             if worker.stdout.readline().strip() != "ready":
                 raise SystemExit(f"a bare-loop process failed to start (exit {worker.wait()})")
-        start_at = time.time() + 0.5
         for worker in workers:
-            worker.stdin.write(f"{start_at}\n")
+            worker.stdin.write(f"{time.time() + 0.5}\n")
             worker.stdin.flush()
 
-    return summed_rates(workers, start_together)
-
-
-def summed_rates(workers: List[subprocess.Popen], before: Callable[[], None] = lambda: None) -> float:
-    """Run ``before``, then add up the images/sec each bare-loop process prints last; none is left running."""
-    try:
-        before()
-        return sum(float(worker.communicate(timeout=300)[0].split()[-1]) for worker in workers)
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+    return sum(float(out.split()[-1]) for out in launch.outputs(workers, start_together))
 
 
 def synchronised_bare_loops(network: str, batch: int, steps: int, sync: str) -> float:
-    """(f) The bare loop of (a) under torch's DistributedDataParallel (``sync="ddp"``), or (g) two bare loops that
-    only all-reduce one number per step (``sync="lockstep"``): 2 processes x 1 thread over gloo on 127.0.0.1,
-    ``steps`` timed steps each (a fixed count: every rank must take part in every all-reduce). Summed images/sec
-    of both ranks, without Lightning or train.py."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    code = ("import sys, torch, torch.distributed as dist; torch.set_num_threads(1); sys.path.insert(0, sys.argv[1]); "
-            "from benchmarks.speed import compute_bound; dist.init_process_group('gloo'); "
-            "rate = compute_bound(sys.argv[2], int(sys.argv[3]), 0.0, steps=int(sys.argv[4]), sync=sys.argv[5]); "
-            "print(rate, flush=True); "
-            "dist.destroy_process_group()")
-    workers = []
-    for rank in range(2):
-        env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2")
-        workers.append(subprocess.Popen([sys.executable, "-c", code, str(REPO), network, str(batch), str(steps), sync],
-                                        env=env, stdout=subprocess.PIPE, text=True))
-    return summed_rates(workers)
+    """(f) The bare loop of (a) under DistributedDataParallel (``sync="ddp"``), or (g) two bare loops that only
+    all-reduce one number per step (``"lockstep"``): 2 processes x 1 thread over gloo, ``steps`` timed steps each;
+    summed images/sec of both ranks, without Lightning or train.py."""
+    code = ("import sys, torch.distributed as dist; from benchmarks.speed import compute_bound; "
+            "dist.init_process_group('gloo'); print(compute_bound(sys.argv[1], int(sys.argv[2]), 0.0, "
+            "steps=int(sys.argv[3]), sync=sys.argv[4]), flush=True); dist.destroy_process_group()")
+    workers = launch.python_ranks(code, [network, batch, steps, sync], 2, gloo=True)
+    return sum(float(out.split()[-1]) for out in launch.outputs(workers))
 
 
-def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, workers: int) -> float:
-    """(c) The DLI script's input pipeline: PIL image -> ToTensor -> Normalize per image, collated by a DataLoader."""
+def workshop_batches(data_dir: str, batch: int, workers: int = 0):
+    """The DLI script's input pipeline: PIL image -> ToTensor -> Normalize per image, collated by a DataLoader."""
     from torchvision import transforms
     from torchvision.datasets import FashionMNIST
 
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((PIXEL_MEAN,), (PIXEL_STD,))])
     dataset = FashionMNIST(str(torchvision_root(data_dir)), train=True, download=False, transform=transform)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers, drop_last=True)
+    return iter(torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
+                                            drop_last=True))
+
+
+def workshop_loop(network: str, batch: int, seconds: float, data_dir: str, workers: int) -> float:
+    """(c) The bare loop's network trained on the workshop's input pipeline, NCHW."""
+    batches = workshop_batches(data_dir, batch, workers)
     torch.manual_seed(0)
     net = named_class("--model.network", network)().train()
-    optimizer = sgd_for(net)
-    batches = iter(loader)
-
-    def step() -> int:
-        images, targets = next(batches)
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(net(images), targets).backward()
-        optimizer.step()
-        return len(targets)
-
-    return timed_steps(step, warmup=3, seconds=seconds)
+    return timed_steps(training_step(net, sgd_for(net), lambda: next(batches)), warmup=3, seconds=seconds)
 
 
 def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, float]:
-    """Images/sec of the two input pipelines alone, one thread, no model: where loop (c) loses its time.
-
-    ``workshop``: torchvision dataset with ToTensor/Normalize per image, DataLoader default collate.
-    ``train.py``: the datamodule's path, one index gather from the in-memory uint8 split and a batched normalise.
-    """
-    from torchvision import transforms
+    """Images/sec of the two input pipelines alone, one thread, no model: where loop (c) loses its time. train.py's
+    is the datamodule's: one index gather from the in-memory uint8 split and a batched normalise."""
     from torchvision.datasets import FashionMNIST
 
     from datamodules.in_memory import InMemoryImages
@@ -226,13 +197,9 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        root = str(torchvision_root(data_dir))
-        transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((PIXEL_MEAN,), (PIXEL_STD,))])
-        loader = torch.utils.data.DataLoader(FashionMNIST(root, train=True, transform=transform), batch_size=batch,
-                                             shuffle=True, drop_last=True)
-        batches = iter(loader)
+        batches = workshop_batches(data_dir, batch)
         workshop = timed_steps(lambda: len(next(batches)[1]), warmup=1, seconds=seconds)
-        raw = FashionMNIST(root, train=True)
+        raw = FashionMNIST(str(torchvision_root(data_dir)), train=True)
         split = InMemoryImages(raw.data, raw.targets)
         order = torch.randperm(len(split) - batch)
 
@@ -249,12 +216,8 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
 
 
 def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
-    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record.
-
-    No validation (``--trainer.limit_val_batches 0``): it is not in the images/sec.
-
-    ``first_step``: also return the first step's seconds (``time/first_step_s``: with compile, the compilation).
-    """
+    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record, without validation (not in the
+    images/sec); ``first_step``: also the first step's seconds (``time/first_step_s``: with compile, compilation)."""
     record = launch.train_record(["--config", str(DEFAULT_CONFIG), "--accelerator", "cpu", "--network", network,
                                   "--batch_size", str(batch), "--epochs", str(epochs), "--trainer.limit_train_batches",
                                   str(steps), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
@@ -293,8 +256,19 @@ def machine() -> str:
             f"lightning {lightning.__version__}, {torch.get_num_threads()} torch threads")
 
 
-def median_of(samples: Dict[str, List[float]]) -> Dict[str, float]:
-    return {name: statistics.median(values) for name, values in samples.items()}
+def measured(workers: int) -> Dict[str, str]:
+    """What each letter measures, in the report's order."""
+    return {
+        "a": "compute bound: bare loop on one fixed in-memory batch",
+        "b": "train.py, default config, steady state (epochs 2-3)",
+        "c": f"workshop loop: torchvision dataset, ToTensor/Normalize per image, DataLoader ({workers} workers)",
+        "d1": "train.py, 1 process x 1 thread",
+        "d2": "train.py, ddp 2 processes x 1 thread (all ranks)",
+        "e1": "ceiling: one bare loop, 1 thread",
+        "e2": "ceiling: two independent bare loops at once, 1 thread each (sum)",
+        "g": "the two bare loops in lockstep: one 4-byte all-reduce per step, no gradients (sum)",
+        "f": "bare loop under torch's DistributedDataParallel, 2 processes x 1 thread, gloo (all ranks)",
+    }
 
 
 def main(argv=None) -> None:
@@ -317,77 +291,54 @@ def main(argv=None) -> None:
     if not (raw / "train-images-idx3-ubyte").is_file():
         raise SystemExit(f"make bench needs the Fashion-MNIST IDX files in {raw.resolve()}: "
                          "set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
-
-    net, batch = opts.network, opts.batch_size
+    net, batch, seconds, steps = opts.network, opts.batch_size, opts.seconds, opts.steps
     if opts.data_only:
-        rates = data_paths(data_dir, batch)
-        for name, rate in rates.items():
+        for name, rate in data_paths(data_dir, batch).items():
             print(f"{name} input pipeline alone, 1 thread: {rate:.0f} images/sec, "
                   f"{1000 * batch / rate:.2f} ms per batch of {batch}")
         return
-    samples: Dict[str, List[float]] = {k: [] for k in ("a", "b", "c", "d1", "d2", "e1", "e2", "g", "f")}
     options = OPTIONS if opts.options else {}
-    samples.update({name: [] for name in options})
     first_steps: Dict[str, List[float]] = {name: [] for name in options}
-    started = time.perf_counter()
-    wall: Dict[str, float] = {}  # seconds each measurement of this repeat took, start-up included
-
-    def measure(name: str, rate: Callable[[], float]) -> None:
-        begin = time.perf_counter()
-        samples[name].append(rate())
-        wall[name] = time.perf_counter() - begin
 
     def option_rate(name: str, flags: List[str]) -> float:
-        rate, first_step = train_py_rate(net, batch, opts.steps, epochs=3, extra=flags, first_step=True)
+        rate, first_step = train_py_rate(net, batch, steps, epochs=3, extra=flags, first_step=True)
         first_steps[name].append(first_step)
         return rate
 
-    plan: List[Tuple[str, Callable[[], float]]] = [
-        ("a", lambda: compute_bound(net, batch, opts.seconds)),
-        ("b", lambda: train_py_rate(net, batch, opts.steps, epochs=3)),
-        ("c", lambda: workshop_loop(net, batch, opts.seconds, data_dir, opts.workshop_workers)),
-    ]
-    if not opts.skip_ddp:
-        plan += [
-            ("d1", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1)),
-            ("e1", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=1)),
-            ("d2", lambda: train_py_rate(net, batch, opts.steps, epochs=3, threads=1,
-                                         extra=["--strategy", "ddp", "--devices", "2"])),
-            ("e2", lambda: concurrent_bare_loops(net, batch, opts.seconds, processes=2)),
-            ("g", lambda: synchronised_bare_loops(net, batch, opts.steps, sync="lockstep")),
-            ("f", lambda: synchronised_bare_loops(net, batch, opts.steps, sync="ddp")),
-        ]
-    plan += [(name, functools.partial(option_rate, name, flags)) for name, flags in options.items()]
-    for repeat in range(opts.repeats):
-        # Every other repeat runs the plan backwards: a measurement's slot (what ran just before it, e.g. two busy
-        # cores) shifted e1 by 10-15 % when e1 always followed d2.
-        for name, rate in plan if repeat % 2 == 0 else reversed(plan):
-            measure(name, rate)
-        print(f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
-              + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items() if v), flush=True)
+    plan: Dict[str, Callable[[], float]] = {
+        "a": lambda: compute_bound(net, batch, seconds),
+        "b": lambda: train_py_rate(net, batch, steps, epochs=3),
+        "c": lambda: workshop_loop(net, batch, seconds, data_dir, opts.workshop_workers),
+        "d1": lambda: train_py_rate(net, batch, steps, epochs=3, threads=1),
+        "e1": lambda: concurrent_bare_loops(net, batch, seconds, processes=1),
+        "d2": lambda: train_py_rate(net, batch, steps, epochs=3, threads=1,
+                                    extra=["--strategy", "ddp", "--devices", "2"]),
+        "e2": lambda: concurrent_bare_loops(net, batch, seconds, processes=2),
+        "g": lambda: synchronised_bare_loops(net, batch, steps, sync="lockstep"),
+        "f": lambda: synchronised_bare_loops(net, batch, steps, sync="ddp"),
+        **{name: functools.partial(option_rate, name, flags) for name, flags in options.items()},
+    }
     if opts.skip_ddp:
-        for name in ("d1", "d2", "e1", "e2", "g", "f"):
-            del samples[name]
-    m = median_of(samples)
+        plan = {name: rate for name, rate in plan.items() if name not in DDP}
+    started = time.perf_counter()
+    samples = interleaved(plan, opts.repeats, lambda repeat, samples, wall: print(
+        f"repeat {repeat + 1}/{opts.repeats} (images/sec, wall seconds): "
+        + ", ".join(f"{k} {v[-1]:.0f} ({wall[k]:.0f} s)" for k, v in samples.items()), flush=True))
+    m = {name: statistics.median(values) for name, values in samples.items()}
     ratios = {"b/a": m["b"] / m["a"], "b/c": m["b"] / m["c"]}
     if not opts.skip_ddp:
-        ratios["ddp speed-up"] = m["d2"] / m["d1"]
-        ratios["ceiling e2/e1"] = m["e2"] / m["e1"]
-        ratios["synchronous ceiling g/e1"] = m["g"] / m["e1"]
+        ratios.update({"ddp speed-up": m["d2"] / m["d1"], "ceiling e2/e1": m["e2"] / m["e1"],
+                       "synchronous ceiling g/e1": m["g"] / m["e1"]})
         ratios["ddp speed-up / synchronous ceiling"] = ratios["ddp speed-up"] / ratios["synchronous ceiling g/e1"]
-        ratios["lockstep wait g/e2"] = m["g"] / m["e2"]
-        ratios["gradient all-reduce f/g"] = m["f"] / m["g"]
-        ratios["train.py ddp d2/f"] = m["d2"] / m["f"]
+        ratios.update({"lockstep wait g/e2": m["g"] / m["e2"], "gradient all-reduce f/g": m["f"] / m["g"],
+                       "train.py ddp d2/f": m["d2"] / m["f"]})
 
     begin = time.perf_counter()
-    by_batch = []
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for size in (2, 4, 16, 64, 128, 256, 512):
-        row = [size] + [compute_bound(net, size, seconds=2.0, device=device) for device in devices]
-        by_batch.append(row)
+    by_batch = [[size] + [compute_bound(net, size, seconds=2.0, device=device) for device in devices]
+                for size in (2, 4, 16, 64, 128, 256, 512)]
     print(f"batch-size table: {time.perf_counter() - begin:.0f} s", flush=True)
     begin = time.perf_counter()
-
     # Start-up costs, interleaved so that a slow minute of the VM does not land on one of them. What --help cannot
     # avoid: Lightning imports torchmetrics, whose package import pulls in torchvision.models and with it
     # torch._dynamo (python -X importtime train.py --help shows the chain).
@@ -402,48 +353,33 @@ def main(argv=None) -> None:
     for _ in range(3):
         for name, command in startup_commands.items():
             startup[name].append(wall_seconds(command))
-    startup_s = median_of(startup)
+    startup_s = {name: statistics.median(values) for name, values in startup.items()}
     print(f"--help and start-up, 3 times each: {time.perf_counter() - begin:.0f} s", flush=True)
 
     lines = [
         f"Command: `FASHION_MNIST_DIR=../shared/data python -m benchmarks.speed "
         f"{' '.join(sys.argv[1:] if argv is None else argv)}` (`make bench` runs it with `--write`; defaults: "
-        f"--network {net} --batch_size {batch} --repeats {opts.repeats} --steps {opts.steps} --seconds {opts.seconds:g}), "
+        f"--network {net} --batch_size {batch} --repeats {opts.repeats} --steps {steps} --seconds {seconds:g}), "
         f"{datetime.date.today().isoformat()}, {time.perf_counter() - started:.0f} s.",
-        "",
-        f"Machine: {machine()}.",
-        "",
+        "", f"Machine: {machine()}.", "",
         f"Network `{net}`, batch {batch} per process, fp32, SGD momentum 0.9, {FORMAT} (train.py's default; "
         f"the workshop loop c: NCHW). Images/sec, median of {opts.repeats} interleaved repeats (range in brackets).",
         "",
-    ]
-    measured = {
-        "a": "compute bound: bare loop on one fixed in-memory batch",
-        "b": "train.py, default config, steady state (epochs 2-3)",
-        "c": f"workshop loop: torchvision dataset, ToTensor/Normalize per image, DataLoader "
-             f"({opts.workshop_workers} workers)",
-        "d1": "train.py, 1 process x 1 thread",
-        "d2": "train.py, ddp 2 processes x 1 thread (all ranks)",
-        "e1": "ceiling: one bare loop, 1 thread",
-        "e2": "ceiling: two independent bare loops at once, 1 thread each (sum)",
-        "g": "the two bare loops in lockstep: one 4-byte all-reduce per step, no gradients (sum)",
-        "f": "bare loop under torch's DistributedDataParallel, 2 processes x 1 thread, gloo (all ranks)",
-    }
-    lines += [markdown_table(["", "measurement", "images/sec"],
-                             [[key, text, median_range(samples[key])] for key, text in measured.items()
-                              if key in samples]), ""]
-    lines.append(markdown_table(["ratio", "measured", "target", ""], [
-        [name, f"{value:.2f}", *([f">= {TARGETS[name]}", "met" if value >= TARGETS[name] else "missed"]
-                                 if name in TARGETS else ["", ""])] for name, value in ratios.items()]))
+        markdown_table(["", "measurement", "images/sec"], [[key, text, median_range(samples[key])]
+                                                         for key, text in measured(opts.workshop_workers).items()
+                                                         if key in samples]), "",
+        markdown_table(["ratio", "measured", "target", ""], [
+            [name, f"{value:.2f}", *([f">= {TARGETS[name]}", "met" if value >= TARGETS[name] else "missed"]
+                                     if name in TARGETS else ["", ""])] for name, value in ratios.items()])]
     if options:
         lines += ["", "train.py's options against (b), steady state; first: the first epoch's seconds, or with "
-                      "compile the first step's (compilation):", ""]
-        lines.append(markdown_table(["option", "images/sec", "vs (b)", "first epoch / step s"], [
-            [name, median_range(samples[name]), f"{m[name] / m['b']:.2f}",
-             f"{statistics.median(first_steps[name]):.1f}"] for name in options]))
-    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32, {FORMAT}):", ""]
-    lines.append(markdown_table(["batch", *(f"{d} images/sec" for d in devices)],
-                                [[str(row[0]), *(f"{v:.0f}" for v in row[1:])] for row in by_batch]))
+                      "compile the first step's (compilation):", "",
+                  markdown_table(["option", "images/sec", "vs (b)", "first epoch / step s"], [
+                      [name, median_range(samples[name]), f"{m[name] / m['b']:.2f}",
+                       f"{statistics.median(first_steps[name]):.1f}"] for name in options])]
+    lines += ["", f"Bare-loop throughput by batch size (`{net}`, fp32, {FORMAT}):", "",
+              markdown_table(["batch", *(f"{d} images/sec" for d in devices)],
+                             [[str(row[0]), *(f"{v:.0f}" for v in row[1:])] for row in by_batch])]
     if not torch.cuda.is_available():
         lines += ["", "GPU rows: no GPU on this machine (unverified)."]
     lines += ["", f"`python train.py --help`: {startup_s['help']:.1f} s; `python -c \"import torch\"`: "

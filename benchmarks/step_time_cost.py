@@ -4,17 +4,17 @@ epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.step_time_cost [--pairs 10] [--devices 2]
     ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
-On and off are ``--breakdown true`` and ``--breakdown false`` (its default is off on a GPU); everything else is the
-same command. ``--on=FLAGS --off=FLAGS`` (with ``=``: the flags start with ``--``) times any other two variants the
-same way, e.g. our WeightEMA against Lightning's EMAWeightAveraging (benchmarks/gpu_session.sh, stage ema).
+On and off are ``--breakdown true`` and ``--breakdown false``; ``--on=FLAGS --off=FLAGS`` times any other two
+variants the same way (benchmarks/gpu_session.sh, stage ema).
 """
 
 import argparse
+import functools
 import shlex
 import statistics
 import sys
 
-from benchmarks.speed import machine
+from benchmarks.speed import interleaved, machine
 from benchmarks import launch
 
 
@@ -39,15 +39,13 @@ def main(argv=None) -> int:
     parser.add_argument("--on", default="--breakdown true", help="train.py flags of the variant under test")
     parser.add_argument("--off", default="--breakdown false", help="train.py flags of the baseline")
     args = parser.parse_args(argv)
-    order = [("on", shlex.split(args.on)), ("off", shlex.split(args.off))]
-    ratios, on, off = [], [], []
-    for pair in range(args.pairs):  # on first in even pairs, off first in odd ones
-        results = dict((name, rate(args, extra)) for name, extra in (order if pair % 2 == 0 else order[::-1]))
-        on.append(results["on"])
-        off.append(results["off"])
-        ratios.append(results["on"] / results["off"])
-        print(f"pair {pair + 1}: on {results['on']:.0f}, off {results['off']:.0f} images/sec, on/off "
-              f"{ratios[-1]:.3f}", flush=True)
+    plan = {name: functools.partial(rate, args, shlex.split(flags)) for name, flags in (("on", args.on),
+                                                                                        ("off", args.off))}
+    got = interleaved(plan, args.pairs, lambda pair, got, wall: print(  # on first in even pairs, off in odd ones
+        f"pair {pair + 1}: on {got['on'][-1]:.0f}, off {got['off'][-1]:.0f} images/sec, on/off "
+        f"{got['on'][-1] / got['off'][-1]:.3f}", flush=True))
+    on, off = got["on"], got["off"]
+    ratios = [a / b for a, b in zip(on, off)]
     print(f"\n{args.devices} {args.accelerator} rank(s) (ddp, {args.precision or '32-true'}), {args.network}, "
           f"{args.train_subset} images x {args.epochs} epochs (steady epochs 2..); {machine()}")
     print(f"on ({args.on}) / off ({args.off}): median {statistics.median(ratios):.3f} "

@@ -1,6 +1,6 @@
 """Signal -> exit delay: SIGTERM at a random moment of epoch 1 of the default recipe, the time until train.py exits.
 
-    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.stop_delay [--trials 3] [-- --check_every_n_steps 10]
+    FASHION_MNIST_DIR=../shared/data python -m benchmarks.stop_delay [--trials 3] [-- --check_every_n_steps 10]
 
 The worst case is the save and exit plus ``--check_every_n_steps`` optimizer steps (the ranks act on a signal at
 their next decision point, fashion_mnist_dp/runtime/agreement.py); random moments land anywhere in between.

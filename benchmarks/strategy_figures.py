@@ -1,27 +1,18 @@
 """The figures in docs/strategies.md: model state per rank (ddp vs fsdp) and images/sec (1 vs 2 processes).
 
-    FASHION_MNIST_DIR=../shared/data .venv/bin/python benchmarks/strategy_figures.py [--repeats 3] [--batches 60]
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.strategy_figures [--repeats 3] [--batches 60]
 
-Every figure is read from the run's own record (metrics.csv: ``memory/parameters_mb``,
-``memory/optimizer_state_mb``, the epochs' images/sec), the numbers its lines print. Throughput runs alternate
-1-process and 2-process jobs and quote medians of the second epoch's images/sec
-(the first pays for start-up). Needs the real Fashion-MNIST (``$FASHION_MNIST_DIR``).
+Every figure is read from the run's own record (metrics.csv); throughput runs alternate 1-process and 2-process
+jobs and quote medians of the second epoch's images/sec (the first pays for start-up).
 """
 
 import argparse
 import os
-import platform
 import statistics
-import sys
-from pathlib import Path
 
-import torch
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks import launch  # noqa: E402
-from benchmarks.tables import markdown_table  # noqa: E402
+from benchmarks import launch
+from benchmarks.speed import machine
+from benchmarks.tables import markdown_table
 
 
 def train(args, threads=None):
@@ -39,8 +30,9 @@ def model_state(network: str, strategy: str, batch: int) -> tuple:
 
 
 def images_per_sec(devices: int, strategy: str, batches: int, threads) -> float:
-    record = train(["--strategy", strategy, "--devices", str(devices), "--epochs", "2", "--trainer.num_sanity_val_steps",
-                    "0", "--trainer.limit_train_batches", str(batches), "--trainer.limit_val_batches", "1"], threads)
+    record = train(["--strategy", strategy, "--devices", str(devices), "--epochs", "2",
+                    "--trainer.num_sanity_val_steps", "0", "--trainer.limit_train_batches", str(batches),
+                    "--trainer.limit_val_batches", "1"], threads)
     return next(epoch.images_per_sec for epoch in record.epochs if epoch.epoch == 2)
 
 
@@ -52,12 +44,11 @@ def main() -> None:
     if not os.environ.get("FASHION_MNIST_DIR"):
         raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}")
-    print("\n" + markdown_table(["network", "strategy", "parameters / rank (MiB)", "optimizer state / rank (MiB)"], []))
-    for network, batch in (("cnn", 128), ("wrn", 8)):
-        for strategy in ("ddp", "fsdp"):
-            params, optimizer = model_state(network, strategy, batch)
-            print(f"| {network} | {strategy} | {params:.2f} | {optimizer:.2f} |", flush=True)
+    print(f"machine: {machine()}")
+    states = [[network, strategy, *(f"{mb:.2f}" for mb in model_state(network, strategy, batch))]
+              for network, batch in (("cnn", 128), ("wrn", 8)) for strategy in ("ddp", "fsdp")]
+    print("\n" + markdown_table(["network", "strategy", "parameters / rank (MiB)", "optimizer state / rank (MiB)"],
+                                states))
 
     # Same machine, both configurations use all cores: 1 process x all threads vs 2 processes x half.
     cores = os.cpu_count() or 2

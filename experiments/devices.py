@@ -4,11 +4,9 @@
     python -m experiments.devices --devices 1,8,64 --rules none,linear --seeds 42 --epochs 2
     python -m experiments.devices --report_only                    # redraw table and plots from runs/devices
 
-Every run is one process standing for N devices at the per-device batch (``--virtual_devices N``), so N devices
-get 1/N of the optimizer steps of the budget. Writes into ``--out_dir``: ``devices.md`` (table),
-``devices.csv`` (the table), ``devices_runs.csv`` (every run), ``devices.png`` (final val acc against N, one line
-per rule; and against optimizer steps). The rules, the budget and the results: docs/large_batch.md,
-"Experiment 3".
+Every run is one process standing for N devices (``--virtual_devices N``) at the per-device batch. Writes
+``devices.md``, ``devices.csv``, ``devices_runs.csv`` and ``devices.png`` into ``--out_dir``; the rules, the budget and
+the results: docs/large_batch.md, "Experiment 3".
 """
 
 import argparse
@@ -17,11 +15,10 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from benchmarks.tables import markdown_table
+from benchmarks.tables import figure, write_csv
 from experiments import runner
-from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, add_grid_arguments, budget_from,
-                                by_row, figure, fmt, seed_stats, spread,
-                                time_text, verdict_cell, verdict_text, write_csv, write_runs_csv)
+from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, by_row, seed_stats,
+                                spread, verdict_cell, write_report, write_runs_csv)
 
 RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb", "novograd")
 DEFAULT_RULES = ("none", "linear", "sqrt", "warmup", "lars", "lamb")
@@ -94,20 +91,18 @@ def plot(rows: Sequence[Dict], path: Path, title: str) -> None:
 def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: str, wall_s: Optional[float]) -> str:
     out = Path(args.out_dir)
     rows = cells(results, args.margin)
-    table = [[str(r["devices"]), r["rule"], str(r["effective_batch"]), fmt(r["lr"], ".4g"), str(r["steps"]),
-              spread(r["final"]), spread(r["best"]), f"{r['diverged']}/{r['runs']}", r["verdict"]] for r in rows]
+    table = [[str(r["devices"]), r["rule"], str(r["effective_batch"]), "n/a" if r["lr"] is None else f"{r['lr']:.4g}",
+              str(r["steps"]), spread(r["final"]), spread(r["best"]), f"{r['diverged']}/{r['runs']}", r["verdict"]]
+             for r in rows]
     images = f"the first {budget.train_subset:,}" if budget.train_subset else "all"
-    text = "\n".join([
-        f"Command: `{command}`", "",
+    text = write_report(
+        out / "devices.md", command,
         f"Budget: `{budget.network}`, {args.batch_size} images per device, {budget.epochs} epochs on {images} "
         f"training images left after holding out {budget.val_size:,} for validation; seeds "
         f"{', '.join(str(s) for s in args.seeds)}; SGD momentum 0.9 at lr {args.lr:g} on one device "
         f"(LARS {args.lars_lr:g}, LAMB {args.lamb_lr:g}); warm-up {args.warmup_epochs:g} epoch(s). Accuracy: median "
         f"(min–max) over the seeds, on the held-out images, last epoch and best epoch; n/a: a seed without a finite "
-        f"one. {time_text(results, wall_s, budget.parallel)}", "",
-        markdown_table(COLUMNS, table), "",
-        verdict_text(args.margin), ""])
-    (out / "devices.md").write_text(text)
+        f"one.", COLUMNS, table, results, wall_s, budget, args.margin)
     write_csv(out / "devices.csv", ["devices", "rule", "effective_batch", "scaled_lr", "optimizer_steps",
                                     "final_val_acc_median", "final_val_acc_min", "final_val_acc_max",
                                     "best_val_acc_median", "diverged_runs", "runs", "verdict"],
@@ -131,9 +126,7 @@ def parse_args(argv: Optional[Sequence[str]] = None):
     parser.add_argument("--lamb_lr", type=float, default=0.005, help="LAMB's on one device")
     parser.add_argument("--novograd_lr", type=float, default=0.01, help="NovoGrad's on one device")
     parser.add_argument("--warmup_epochs", type=float, default=1.0, help="of the warmup rule")
-    add_grid_arguments(parser, "cell")
-    add_budget_arguments(parser, out_dir="runs/devices", epochs=3, train_subset=16384, target=0.8)
-    parser.set_defaults(network="fast_cnn")
+    add_budget_arguments(parser, out_dir="runs/devices", epochs=3, train_subset=16384, target=0.8, each="cell")
     args = parser.parse_args(argv)
     bad = [r for r in args.rules.split(",") if r not in RULES]
     if bad:

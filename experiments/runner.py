@@ -1,15 +1,12 @@
-"""Run train.py as a user would and read back what it recorded: the harness of experiments 2 and 3.
-
-Every run is a subprocess of the real ``train.py`` in a folder of its own (``<out_dir>/runs/<run>``), as one
-train.py (ddp) or as torchrun "nodes" on 127.0.0.1, one thread per process. What is reported is read from the run's
-own records (metrics.csv, hparams.yaml, the exit code), never from its output. How runs are placed, the records
-and the verdict rules: docs/large_batch.md, "How experiments 2 and 3 run".
+"""Run train.py as a user would and read back what it recorded: the harness of experiments 2 and 3 (one train.py, or
+torchrun "nodes" on 127.0.0.1, per run; its records, never its output). docs/large_batch.md, "How experiments 2 and 3
+run".
 """
 
-import csv
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -23,13 +20,13 @@ import yaml
 
 from callbacks.run_record import read_epochs, run_dirs
 from benchmarks import launch
+from benchmarks.tables import figure, markdown_table, median_range, write_csv
 from fashion_mnist_dp.cli.checks import CPU_RANKS_PER_CORE
 from fashion_mnist_dp.cli.outputs import short_name
 from fashion_mnist_dp.runtime.errors import ExitCode
 
-REPO = Path(__file__).resolve().parents[1]
-TRAIN_PY = REPO / "train.py"
-RECIPES = REPO / "configs" / "recipes"
+TRAIN_PY = launch.TRAIN_PY
+RECIPES = launch.REPO / "configs" / "recipes"
 DIVERGED_EXIT = int(ExitCode.DIVERGED)
 RESULT_FILE = "result.json"  # exit code and wall time, written when the run has ended
 
@@ -93,8 +90,7 @@ class RunResult:
 
     @property
     def best_acc(self) -> Optional[float]:
-        finite = [a for a in self.accuracies if math.isfinite(a)]
-        return max(finite) if finite else None
+        return max(finite(self.accuracies), default=None)
 
     @property
     def final_acc(self) -> Optional[float]:
@@ -180,10 +176,7 @@ def run(spec: RunSpec, budget: Budget, out_dir: Path, max_ranks_per_node: Option
         log=print) -> RunResult:
     """Train ``spec`` in ``out_dir/runs/<name>`` (emptied first) and read back its records."""
     folder = Path(out_dir) / "runs" / spec.name
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
+    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     env = launch.clean_env({"OMP_NUM_THREADS": str(budget.threads)}, keep_data_dir=True)
     argvs = commands(spec, budget, max_ranks_per_node or CPU_RANKS_PER_CORE * (os.cpu_count() or 1))
@@ -235,10 +228,6 @@ def load(specs: Sequence[RunSpec], out_dir: Path) -> List[RunResult]:
 # ---------------------------------------------------------------------------------------------- reporting
 
 
-def fmt(value: Optional[float], spec: str = ".4f", none: str = "n/a") -> str:
-    return none if value is None else format(value, spec)
-
-
 def lr_cell(summary: dict) -> str:
     """``0.01 → 0.04 (linear)``; the base alone when no rule changed it."""
     if not summary:
@@ -257,14 +246,6 @@ def warmup_cell(summary: dict) -> str:
         return "none" if summary else "n/a"
     per_epoch = summary.get("steps_per_epoch") or 1
     return f"{steps / per_epoch:.3g} ep ({steps} steps)"
-
-
-def figure(ncols: int = 2, width: float = 12.0, height: float = 4.5):
-    """A matplotlib Figure without pyplot (no display, no global state: the Agg canvas)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, [fig.add_subplot(1, ncols, i + 1) for i in range(ncols)]
 
 
 def plot_curves(results: Sequence[RunResult], labels: Sequence[str], path: Path, title: str,
@@ -303,12 +284,13 @@ def plot_curves(results: Sequence[RunResult], labels: Sequence[str], path: Path,
 # ---------------------------------------------------------------------------------------------- command line
 
 
-def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, target: float) -> None:
-    """The options every experiment command shares; ``budget_from`` reads them back."""
+def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, target: float, each: str) -> None:
+    """The options every experiment command shares (``each``: what runs once per seed); ``budget_from`` reads them."""
     parser.add_argument("--out_dir", default=out_dir, help="runs, table and plots go here")
     parser.add_argument("--epochs", type=int, default=epochs)
     parser.add_argument("--train_subset", type=int, default=train_subset, help="first N training images; 0: all 60,000")
-    parser.add_argument("--network", default="mlp", choices=["mlp", "cnn", "fast_cnn", "gpu_cnn", "wrn", "resnet18"])
+    parser.add_argument("--network", default="fast_cnn", choices=["mlp", "cnn", "fast_cnn", "gpu_cnn", "wrn",
+                                                                   "resnet18"])
     parser.add_argument("--target", type=float, default=target, help="val acc for the time-to-target column")
     parser.add_argument("--margin", type=float, default=0.02, help="degraded: best val acc this far below the best run")
     parser.add_argument("--data_dir", default=None, help="default: $FASHION_MNIST_DIR, as train.py")
@@ -322,10 +304,6 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
                         help="train nothing: redraw the table and plots from the runs already in --out_dir")
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs that finished in --out_dir before (an interrupted grid), train the rest")
-
-
-def add_grid_arguments(parser, each: str) -> None:
-    """Seeds, held-out images and runs at once: the options of the commands that repeat each ``each`` per seed."""
     parser.add_argument("--seeds", default=[42, 43, 44], type=lambda text: [int(s) for s in text.split(",")],
                         help=f"comma-separated; every {each} runs each")
     parser.add_argument("--val_size", type=int, default=5000, help="training images held out for validation")
@@ -385,34 +363,39 @@ def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_p
     return results, None if kept else time.monotonic() - started
 
 
-def time_text(results: Sequence[RunResult], wall_s: Optional[float], parallel: int) -> str:
-    """How long the experiment took: the grid's wall time when it was just trained, and the runs' own in all."""
-    runs = sum(r.wall_s for r in results) / 60
+def write_report(path: Path, command: str, budget_text: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+                 results: Sequence[RunResult], wall_s: Optional[float], budget: Budget, margin: float) -> str:
+    """The experiment's Markdown (command, budget, how long it took, the table, the verdict rules), written to
+    ``path`` and returned."""
     grid = f"Wall time {wall_s / 60:.1f} min, " if wall_s is not None else ""
-    return f"{grid}{runs:.1f} min of runs in all ({parallel} at a time)."
+    text = "\n".join([
+        f"Command: `{command}`", "",
+        f"{budget_text} {grid}{sum(r.wall_s for r in results) / 60:.1f} min of runs in all ({budget.parallel} at a "
+        f"time).", "", markdown_table(columns, rows), "",
+        f"Verdicts (per seed): diverged = exit 70 (non-finite values, or val acc at chance an epoch after warm-up) "
+        f"or a non-finite val loss/acc; degraded = best val acc more than {margin:g} below the best run of the "
+        f"table; converged = within {margin:g} of it. A row whose seeds disagree counts them.", ""])
+    path.write_text(text)
+    return text
 
 
-def verdict_text(margin: float) -> str:
-    """The verdict rules under a table (``verdict``, ``verdict_cell``)."""
-    return (f"Verdicts (per seed): diverged = exit 70 (non-finite values, or val acc at chance an epoch after warm-up) "
-            f"or a non-finite val loss/acc; degraded = best val acc more than {margin:g} below the best run of the "
-            f"table; converged = within {margin:g} of it. A row whose seeds disagree counts them.")
+def finite(values: Sequence[Optional[float]]) -> List[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
 
 
 def seed_stats(values: Sequence[Optional[float]]) -> List[Optional[float]]:
     """[median, min, max] of the finite values (a diverged seed has none); [None] * 3 when no seed has one."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    return [statistics.median(finite), min(finite), max(finite)] if finite else [None, None, None]
+    kept = finite(values)
+    return [statistics.median(kept), min(kept), max(kept)] if kept else [None, None, None]
 
 
 def spread(values: Sequence[Optional[float]]) -> str:
     """Median and range over seeds, e.g. ``0.842 (0.838–0.846)``; ``+ n/a`` when a seed has no finite value,
     ``n/a`` alone when none has; a single seed is its value."""
-    median, low, high = seed_stats(values)
-    if median is None:
-        return "n/a"
-    lost = " + n/a" if len([v for v in values if v is not None and math.isfinite(v)]) < len(values) else ""
-    return f"{median:.3f}" if len(values) == 1 else f"{median:.3f} ({low:.3f}–{high:.3f}{lost})"
+    kept = finite(values)
+    if not kept or len(values) == 1:
+        return f"{kept[0]:.3f}" if kept else "n/a"
+    return median_range(kept, ".3f", "–", " + n/a" if len(kept) < len(values) else "")
 
 
 def by_row(results: Sequence[RunResult], margin: float) -> List[Tuple[List[RunResult], List[str]]]:
@@ -431,13 +414,6 @@ def verdict_cell(seen: Sequence[str]) -> str:
     if len(counts) == 1:
         return seen[0]
     return ", ".join(f"{v} {c}/{len(seen)}" for v, c in sorted(counts.items(), key=lambda vc: -vc[1]))
-
-
-def write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
 
 
 def write_runs_csv(path: Path, results: Sequence[RunResult], labels: Dict[str, Callable[[RunResult], object]],

@@ -3,21 +3,18 @@
     python -m experiments.sandbox --world_size 2 --batch_size 128 --lr 1e-3
     python -m experiments.sandbox --world_size 4 --noise 0.1 --n_experiments 10000 --lr_scaling sqrt
 
-Three runs on the same samples: 1. one process at batch B/N with ``--lr``, N·steps steps; 2. one process at
-batch B with the lr scaled by ``--lr_scaling``; 3. N processes at B/N under DistributedDataParallel, the
-same scaled lr. Runs 2 and 3 take identical steps; the variance of one update in run 3 over run 1 is f²/N.
-The model, the vectorised repetitions and the theory: docs/large_batch.md, "Experiment 1".
+Runs 1 (one process, batch B/N, ``--lr``), 2 (one process, batch B, scaled lr) and 3 (N gloo processes at B/N
+under DDP, scaled lr) on the same samples; the model and the theory: docs/large_batch.md, "Experiment 1".
 """
 
 import argparse
 import math
 import os
-import socket
 import sys
 import tempfile
+import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import List, Literal, Optional
 
 import torch
@@ -51,7 +48,8 @@ class SandboxConfig:
 
     def check(self) -> None:
         if self.world_size < 1 or self.batch_size < 1 or self.batch_size % self.world_size:
-            raise ValueError(f"--batch_size {self.batch_size} must be a positive multiple of --world_size {self.world_size}")
+            raise ValueError(f"--batch_size {self.batch_size} must be a positive multiple of --world_size "
+                             f"{self.world_size}")
         if self.n_experiments < 1 or self.steps < 1 or self.noise < 0 or self.lr <= 0:
             raise ValueError("--n_experiments and --steps must be >= 1, --noise >= 0 and --lr > 0")
 
@@ -104,41 +102,29 @@ def train(cfg: SandboxConfig, batch: int, lr: float, slices: List[int], model: O
     return torch.stack(trajectory)
 
 
-def _ddp_worker(rank: int, cfg: SandboxConfig, port: int, out: str) -> None:
+def _ddp_worker(rank: int, cfg: SandboxConfig, folder: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.world_size,
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=cfg.world_size,
                             timeout=timedelta(seconds=120))
     try:
         neurons = Neurons(cfg.n_experiments)
         ddp = nn.parallel.DistributedDataParallel(neurons)  # averages the gradient over ranks in backward
         trajectory = train(cfg, cfg.per_process, cfg.scaled_lr, [rank], model=ddp, neurons=neurons)
         if rank == 0:
-            torch.save(trajectory, out)
+            torch.save(trajectory, f"{folder}/trajectory.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def train_ddp(cfg: SandboxConfig) -> torch.Tensor:
-    """Run 3: N gloo processes at batch B/N each; rank 0's trajectory.
-
-    On Linux the ranks are forked (each runs single-threaded), so they start in milliseconds
-    instead of importing torch again; ``DistributedDataParallel`` imports torch._dynamo when
-    first built (about 2 s), so that is imported once here, before the fork. Elsewhere: spawn.
-    """
+    """Run 3: N gloo processes at batch B/N each; rank 0's trajectory. On Linux the ranks are forked (they start
+    in milliseconds), after importing torch._dynamo here (DDP imports it when first built: 2 s per rank)."""
     method = "fork" if sys.platform == "linux" else "spawn"
     if method == "fork":
         import torch._dynamo  # noqa: F401
     with tempfile.TemporaryDirectory() as folder:
-        out = str(Path(folder) / "trajectory.pt")
-        mp.start_processes(_ddp_worker, args=(cfg, _free_port(), out), nprocs=cfg.world_size, join=True,
-                           start_method=method)
-        return torch.load(out, weights_only=True)
+        mp.start_processes(_ddp_worker, args=(cfg, folder), nprocs=cfg.world_size, join=True, start_method=method)
+        return torch.load(f"{folder}/trajectory.pt", weights_only=True)
 
 
 def gradient_variance(w: float, noise: float) -> float:
@@ -212,15 +198,12 @@ def report(cfg: SandboxConfig, results: List[RunResult]) -> str:
 def parse_args(argv: Optional[List[str]] = None) -> SandboxConfig:
     parser = argparse.ArgumentParser(prog="python -m experiments.sandbox", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    defaults = SandboxConfig()
-    parser.add_argument("--batch_size", type=int, default=defaults.batch_size, help="B: effective batch of runs 2 and 3")
-    parser.add_argument("--world_size", type=int, default=defaults.world_size, help="N: gloo processes of run 3")
-    parser.add_argument("--lr", type=float, default=defaults.lr, help="the lr known to work at batch B/N")
-    parser.add_argument("--lr_scaling", choices=["none", "linear", "sqrt"], default=defaults.lr_scaling)
-    parser.add_argument("--noise", type=float, default=defaults.noise, help="std of the noise on x and y; 0: deterministic")
-    parser.add_argument("--n_experiments", type=int, default=defaults.n_experiments)
-    parser.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps at batch B")
-    parser.add_argument("--seed", type=int, default=defaults.seed)
+    helps = {"batch_size": "B: effective batch of runs 2 and 3", "world_size": "N: gloo processes of run 3",
+             "lr": "the lr known to work at batch B/N", "noise": "std of the noise on x and y; 0: deterministic",
+             "steps": "optimizer steps at batch B"}
+    for field in dataclasses.fields(SandboxConfig):
+        kind = {"lr_scaling": dict(choices=["none", "linear", "sqrt"])}.get(field.name, dict(type=field.type))
+        parser.add_argument(f"--{field.name}", default=field.default, help=helps.get(field.name), **kind)
     cfg = SandboxConfig(**vars(parser.parse_args(argv)))
     try:
         cfg.check()

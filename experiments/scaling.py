@@ -3,27 +3,23 @@
     FASHION_MNIST_DIR=../shared/data .venv/bin/python -m experiments.scaling [--runs 5] [--network cnn]
     .venv/bin/python -m experiments.scaling --workshop     # the DLI workshop's 4 GPUs, on paper (docs/scaling.md)
 
-T(n) = busy parts · s(n) + exposed all-reduce + wait of the slowest rank, each term from one rank's step-time
-breakdown, an all-reduce sweep over 2 gloo processes and a contention measurement (Li et al., VLDB 2020; Thakur,
-Rabenseifner and Gropp 2005; ../shared/docs/features-anchors.md); no prediction for n ranks uses a run of n ranks.
-The model term by term: docs/scaling.md, "The model". Prints the table and writes docs/figures/scaling.csv and
-scaling.png (predicted against measured).
+The model (T(n) from one rank's breakdown, an all-reduce sweep and a contention pair; no prediction for n ranks uses a
+run of n ranks): docs/scaling.md. Prints the table and writes docs/figures/scaling.csv and scaling.png.
 """
 
 import argparse
-import csv
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from benchmarks import launch
 from benchmarks.launch import REPO
-from benchmarks.tables import markdown_table
+from benchmarks.tables import figure, markdown_table, write_csv
 
 DEVICES = (1, 2, 4, 8, 16, 32, 64)
 BUSY = ("data", "forward", "backward", "optimizer", "other")  # a rank's own work: all but comm and wait
@@ -74,8 +70,8 @@ def expected_max_of_normals(n: int) -> float:
         return 0.0
     h = 1e-3
     xs = (-10 + (i + 0.5) * h for i in range(int(20 / h)))
-    return sum(x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1)
-               for x in xs) * h
+    return sum(x * n * math.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+               * (0.5 * (1 + math.erf(x / math.sqrt(2)))) ** (n - 1) for x in xs) * h
 
 
 def predict_step_s(n: int, one: OneRank, gradient_bytes: int, link: Link, slowdown: float = 1.0) -> Dict[str, float]:
@@ -109,7 +105,6 @@ def fit_link(sizes: Sequence[int], seconds: Sequence[float], n: int = 2) -> Link
 
 SWEEP = """
 import sys, time, torch, torch.distributed as dist
-torch.set_num_threads(1)
 dist.init_process_group("gloo")
 for size in map(int, sys.argv[1:]):
     x = torch.zeros(size // 4)
@@ -130,13 +125,7 @@ SWEEP_BYTES = (4 * 2 ** 10, 64 * 2 ** 10, 2 ** 20, 4 * 2 ** 20, 16 * 2 ** 20)
 
 def measure_link() -> Link:
     """The all-reduce sweep over 2 gloo processes on 127.0.0.1, one thread each: median time per size."""
-    from benchmarks.launch import free_port
-
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, "-c", SWEEP, *map(str, SWEEP_BYTES)], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, text=True) for r in (0, 1)]
-    out = [p.communicate(timeout=300)[0] for p in procs][0]
+    out = launch.outputs(launch.python_ranks(SWEEP, SWEEP_BYTES, 2, gloo=True))[0]
     pairs = [line.split() for line in out.splitlines() if line.strip()]
     return fit_link([int(s) for s, _ in pairs], [float(t) for _, t in pairs])
 
@@ -154,7 +143,6 @@ def contention(network: str, batch: int, processes: int, seconds: float = 4.0) -
 def train_run(devices: int, network: str, batch: int, subset: int, epochs: int) -> dict:
     """train.py with ``devices`` CPU ranks of one thread each; its steady epochs (2..) from metrics.csv."""
     from callbacks.run_record import FILE_NAME, read_rows, run_dirs
-    from benchmarks import launch
 
     strategy = ["--strategy", "ddp"] if devices > 1 else []
     rows = launch.train_record([*strategy, "--devices", str(devices), "--accelerator", "cpu", "--network", network,
@@ -229,29 +217,19 @@ def measure(args) -> None:
                      "slowdown_predicted": round(here, 3),
                      "slowdown_measured": round(busy / one.step, 3) if busy else ""})
     print(f"\none rank per step: {asdict(one)}; gradient bytes {grad}, buckets {buckets(grad)}\n")
-    print("| devices | predicted here | measured here (median) | error | s(n) predicted | rank 0's own step, measured "
-          "/ one rank's | predicted, one device each | efficiency |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['devices']} | {r['predicted_here']:.0f} | {r['measured_here'] or ''} | {r['error']} | "
-              f"{r['slowdown_predicted']:.2f} | {r['slowdown_measured'] or ''} | {r['predicted_device_each']:.0f} | "
-              f"{r['efficiency_device_each']:.1%} |")
+    print(markdown_table(["devices", "predicted here", "measured here (median)", "error", "s(n) predicted",
+                          "rank 0's own step, measured / one rank's", "predicted, one device each", "efficiency"],
+                         [[str(r["devices"]), f"{r['predicted_here']:.0f}", str(r["measured_here"]), r["error"],
+                           f"{r['slowdown_predicted']:.2f}", str(r["slowdown_measured"]),
+                           f"{r['predicted_device_each']:.0f}", f"{r['efficiency_device_each']:.1%}"] for r in rows]))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "scaling.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(out / "scaling.csv", list(rows[0]), [list(r.values()) for r in rows])
     plot(rows, out / "scaling.png", f"{args.network}, batch {args.batch_size} per rank, CPU ranks of one thread")
 
 
 def plot(rows: List[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax,) = figure(1, 6, 4)
     n = [r["devices"] for r in rows]
     ax.plot(n, [r["predicted_here"] for r in rows], "o-", label="predicted, this machine (2 cores)")
     ax.plot(n, [r["predicted_device_each"] for r in rows], "s--", label="predicted, one device per rank")
@@ -263,9 +241,7 @@ def plot(rows: List[dict], path: Path, title: str) -> None:
     ax.set_ylabel("images/sec")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def workshop() -> None:

@@ -4,11 +4,10 @@
     python -m experiments.takeaways --seeds 42 --only sgd_momentum,large_batch_warmup --epochs 2
     python -m experiments.takeaways --report_only    # redraw table and plot from runs/takeaways
 
-Each row is ``train.py`` with a recipe from configs/recipes on the budget's flags (experiments/runner.py), one
-process standing for ``--devices`` (4) virtual devices or, with ``--ddp``, that many gloo processes; the two
-large-batch rows run again at ``--scale_devices`` (40). Writes into ``--out_dir``: ``takeaways.md`` (table and
-verdict rules), ``takeaways.csv`` (one line per row), ``takeaways_runs.csv`` (one per run), ``takeaways.png``
-and ``runs/<run>/``. The rows, the budget and the results: docs/large_batch.md, "Experiment 2".
+Each row is ``train.py`` with a recipe from configs/recipes on one budget, one process standing for ``--devices`` (4)
+virtual devices or, with ``--ddp``, that many gloo processes; the two large-batch rows run again at
+``--scale_devices`` (40). Writes ``takeaways.md``, ``.csv``, ``_runs.csv``, ``.png`` and ``runs/<run>/`` into
+``--out_dir``; the rows, the budget and the results: docs/large_batch.md, "Experiment 2".
 """
 
 import argparse
@@ -16,27 +15,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from benchmarks.tables import markdown_table
+from benchmarks.tables import write_csv
 from experiments import runner
-from experiments.runner import (
-    Budget,
-    RunResult,
-    RunSpec,
-    add_budget_arguments,
-    add_grid_arguments,
-    budget_from,
-    by_row,
-    lr_cell,
-    plot_curves,
-    seed_stats,
-    spread,
-    time_text,
-    verdict_cell,
-    verdict_text,
-    warmup_cell,
-    write_csv,
-    write_runs_csv,
-)
+from experiments.runner import (Budget, RunResult, RunSpec, add_budget_arguments, budget_from, by_row, lr_cell,
+                                plot_curves, seed_stats, spread, verdict_cell, warmup_cell, write_report,
+                                write_runs_csv)
 
 COLUMNS = ["config", "devices × batch = effective", "LR (base → scaled, rule)", "warm-up", "optimizer",
            "optimizer steps", "final val acc", "best val acc", "epoch to target", "verdict (seeds)"]
@@ -93,12 +76,12 @@ def table(results: Sequence[RunResult], budget: Budget, margin: float) -> List[d
     out = []
     for runs, seen in by_row(results, margin):
         s = next((r.summary for r in runs if r.summary), {})
-        devices = s.get("world_size", 1) * s.get("virtual_devices", 1) if s else max(runs[0].spec.devices,
-                                                                                         runs[0].spec.virtual)
-        batch = f"{devices} × {s['batch_size_per_device']} = {s['effective_batch_size']}" if s else f"{devices} × ? = ?"
-        cells = [runs[0].spec.row, batch, lr_cell(s), warmup_cell(s), optimizer_cell(s), str(s.get("total_steps", "n/a")),
-                 spread([r.final_acc for r in runs]), spread([r.best_acc for r in runs]),
-                 epochs_to_target(runs, budget.target), verdict_cell(seen)]
+        spec = runs[0].spec
+        devices = s.get("world_size", 1) * s.get("virtual_devices", 1) if s else max(spec.devices, spec.virtual)
+        batch = f"{s['batch_size_per_device']} = {s['effective_batch_size']}" if s else "? = ?"
+        cells = [spec.row, f"{devices} × {batch}", lr_cell(s), warmup_cell(s), optimizer_cell(s),
+                 str(s.get("total_steps", "n/a")), spread([r.final_acc for r in runs]),
+                 spread([r.best_acc for r in runs]), epochs_to_target(runs, budget.target), verdict_cell(seen)]
         out.append({"cells": cells, "runs": runs, "seen": seen, "summary": s})
     return out
 
@@ -108,17 +91,15 @@ def write_outputs(results: Sequence[RunResult], budget: Budget, args, command: s
     rows_ = table(results, budget, args.margin)
     images = f"the first {budget.train_subset:,}" if budget.train_subset else "all"
     placed = "real gloo processes (ddp)" if args.ddp else "virtual devices in one process"
-    text = "\n".join([
-        f"Command: `{command}`", "",
+    text = write_report(
+        out / "takeaways.md", command,
         f"Budget: `{budget.network}`, {budget.epochs} epochs on {images} training images left after holding out "
         f"{budget.val_size:,} for validation; devices are {placed}; seeds {', '.join(map(str, args.seeds))}. Val acc "
         f"on the held-out images: median (min–max) over the seeds, last epoch and best epoch; epoch to target: the "
-        f"first epoch at val acc {budget.target:g} or above (median). {time_text(results, wall_s, budget.parallel)}",
-        "", markdown_table(COLUMNS, [r["cells"] for r in rows_]), "",
-        verdict_text(args.margin), ""])
-    (out / "takeaways.md").write_text(text)
-    summary_keys = ("world_size", "virtual_devices", "batch_size_per_device", "effective_batch_size", "base_lr", "scaled_lr",
-                    "lr_scaling", "warmup_steps", "total_steps", "optimizer", "momentum")
+        f"first epoch at val acc {budget.target:g} or above (median).", COLUMNS, [r["cells"] for r in rows_],
+        results, wall_s, budget, args.margin)
+    summary_keys = ("world_size", "virtual_devices", "batch_size_per_device", "effective_batch_size", "base_lr",
+                    "scaled_lr", "lr_scaling", "warmup_steps", "total_steps", "optimizer", "momentum")
     write_csv(out / "takeaways.csv",
               ["config", *summary_keys, "final_val_acc_median", "final_val_acc_min", "final_val_acc_max",
                "best_val_acc_median", "diverged_runs", "runs", "verdict"],
@@ -141,9 +122,7 @@ def parse_args(argv: Optional[Sequence[str]] = None):
                         help="real processes (gloo) instead of virtual devices; beyond --max_ranks_per_node as "
                              "torchrun 'nodes' on 127.0.0.1")
     parser.add_argument("--only", default=None, help="comma-separated row names (sgd,sgd_momentum,...); default all")
-    add_grid_arguments(parser, "row")
-    add_budget_arguments(parser, out_dir="runs/takeaways", epochs=5, train_subset=0, target=0.88)
-    parser.set_defaults(network="fast_cnn")
+    add_budget_arguments(parser, out_dir="runs/takeaways", epochs=5, train_subset=0, target=0.88, each="row")
     args = parser.parse_args(argv)
     if args.only:
         known = [name for name, *_ in rows(budget_from(args), args.scale_devices)]
