@@ -16,7 +16,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
 from fashion_mnist_dp.cli import checkpoint_hparams, outputs, slurm, start_block
-from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files
+from fashion_mnist_dp.cli.checks import check_config, check_outputs
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
@@ -78,7 +78,7 @@ class FashionMNISTCLI(LightningCLI):
         or ``last`` in this experiment's checkpoint folder), and check that checkpoint before LightningCLI reads its
         hyperparameters into the config (fashion_mnist_dp/runtime/checkpoint_io.py: verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
-        self.run = RunState(given=checkpoint_hparams.given_keys(args), lr_origin=getattr(args, "lr_origin", None))
+        self.run = RunState(given=set(args.given), lr_origin=args.lr_origin)  # args: shorthand.expand_args's
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -240,10 +240,7 @@ def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
 
 
 def _run(argv: List[str]) -> list:
-    expanded = expand_args(argv)
-    for name in config_files(expanded):
-        check_config_file(name)
-    cli = build_cli(expanded)
+    cli = build_cli(expand_args(argv))  # the command line and its --config files, read and checked once
     return compat.launched_children(cli.trainer)  # they end with this process: wait for them
 
 

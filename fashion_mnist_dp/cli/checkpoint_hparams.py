@@ -12,41 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Set
 
-from fashion_mnist_dp.cli.checks import options, yaml_mapping
-from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND
+from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND, flat
 from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.errors import CheckpointError
 
 MODEL = "model"
 SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}  # model.optimizer.init_args.lr -> --lr
-
-
-def given_keys(args: Sequence[str]) -> Set[str]:
-    """The dotted keys the user set in ``args`` (expanded: full keys, subcommand first): every flag's key and every
-    key of every ``--config`` file."""
-    keys: Set[str] = set()
-    for key, value in ((key[2:], value) for key, value in options(args)):
-        if key == "config":
-            keys |= set(flat(yaml_mapping(value)))
-        elif key.startswith(f"{MODEL}.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
-                and not key.endswith(".class_path"):
-            # jsonargparse's --model.optimizer.lr: --model.optimizer.init_args.lr
-            first, second, rest = key.split(".", 2)
-            keys.add(f"{first}.{second}.init_args.{rest}" if second in ("network", "optimizer") else key)
-        else:
-            keys.add(key)
-    # Giving a class path gives the whole setting: its init_args are the new class's, not the checkpoint's.
-    return {key.removesuffix(".class_path") for key in keys}
-
-
-def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
-    """Nested dicts as {dotted key: leaf}; a class path and its init_args are separate leaves."""
-    if not isinstance(tree, dict) or not tree:
-        return {prefix: tree} if prefix else {}
-    found: Dict[str, Any] = {}
-    for key, value in tree.items():
-        found.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return found
 
 
 def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:

@@ -7,10 +7,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
-import yaml
 
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
@@ -153,52 +152,6 @@ def check_config(config) -> None:
             f"--master-port 29500 "
             f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
             f"(README, \"Several machines\")")
-
-
-def options(args: Sequence[str]) -> List[tuple]:
-    """(``--key``, value) for every ``--key=value`` and ``--key value`` in ``args`` (a flag's value may be "")."""
-    pairs = [(i, *token.partition("=")) for i, token in enumerate(args) if token.startswith("--")]
-    return [(key, value if eq else (args[i + 1] if i + 1 < len(args) else "")) for i, key, eq, value in pairs]
-
-
-def config_files(args: Sequence[str]) -> List[str]:
-    """The values of ``--config FILE`` / ``--config=FILE`` in ``args``."""
-    return [value for key, value in options(args) if key == "--config" and value]
-
-
-def yaml_mapping(name: str) -> dict:
-    """The mapping a config file holds; {} when it cannot be read or holds none (check_config_file and jsonargparse
-    say what is wrong with it)."""
-    try:
-        with open(name) as stream:
-            loaded = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def check_config_file(name: str) -> None:
-    """An existing ``--config`` file must hold a YAML mapping; jsonargparse says "Unexpected config:" without the file.
-
-    Names that are not files are left to jsonargparse ("File does not exist", or an inline YAML string).
-    """
-    path = Path(name)
-    if not path.is_file():
-        return
-    try:
-        with path.open() as stream:  # a stream, so that YAML's messages name the file
-            loaded = yaml.safe_load(stream)
-    except OSError as error:
-        raise ConfigError(f"--config {name}: cannot be read ({error.strerror or error})") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"--config {name}: not valid YAML: {' '.join(str(error).split())}") from error
-    if loaded is None:
-        raise ConfigError(f"--config {name}: the file is empty; it should hold keys such as trainer:, model:, data:")
-    if not isinstance(loaded, dict):
-        raise ConfigError(
-            f"--config {name}: holds a {type(loaded).__name__} ({str(loaded)[:40]!r}), not keys such as trainer:, "
-            f"model:, data:"
-        )
 
 
 def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
