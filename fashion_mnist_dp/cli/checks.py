@@ -15,7 +15,7 @@ from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
 from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
 from fashion_mnist_dp.runtime.lifetime import is_launched_rank, launcher_environment
-from fashion_mnist_dp.strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
+from fashion_mnist_dp.strategies import CPU_NAME, is_fsdp, require_gpus, unshardable_optimizer
 
 DEVICES_KEY = "trainer.devices (--devices)"
 
@@ -115,8 +115,7 @@ def check_config(config) -> None:
         raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
     accelerator = resolved_accelerator(trainer.accelerator)
     if str(trainer.strategy).lower() == "dp":
-        if not torch.cuda.is_available():
-            raise ConfigError(NO_GPU_MESSAGE)
+        require_gpus()  # here too: building the Trainer prints Lightning's srun warning before dp's own check
     elif accelerator in ("cpu", "cuda"):
         warning = check_devices(trainer.devices, accelerator, os.cpu_count(),
                                 torch.cuda.device_count() if torch.cuda.is_available() else 0)

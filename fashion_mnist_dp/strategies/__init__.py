@@ -3,11 +3,11 @@
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from fashion_mnist_dp.strategies.dp import NO_GPU_MESSAGE, DataParallelStrategy
+from fashion_mnist_dp.strategies.dp import DataParallelStrategy, require_gpus
 from fashion_mnist_dp.strategies.fsdp import CPU_NAME, FullyShardedStrategy, is_fsdp, unshardable_optimizer
 
-__all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "NO_GPU_MESSAGE", "is_fsdp",
-           "register_strategies", "unshardable_optimizer"]
+__all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "is_fsdp", "register_strategies", "require_gpus",
+           "unshardable_optimizer"]
 
 
 def register_strategies() -> None:
