@@ -1,6 +1,4 @@
-"""Pre-launch checks of values Lightning and jsonargparse accept but cannot run, each failing with one line; plain
-functions of plain values where possible, so tests give them any machine's counts. ``--devices``: README, "Command
-line"."""
+"""Pre-launch checks of values Lightning accepts but cannot run, each one line (docs/reliability.md, "Bad input")."""
 
 import importlib
 import os
@@ -41,7 +39,7 @@ def parse_devices(devices: Union[int, str, Sequence[int], None]):
 
 
 def import_class(class_path: Optional[str]) -> Optional[type]:
-    """The class a config's class path names (jsonargparse has imported it while parsing), else None."""
+    """The class a config's class path names (already imported by jsonargparse), else None."""
     if not isinstance(class_path, str) or "." not in class_path:
         return None
     module, _, name = class_path.rpartition(".")
@@ -55,8 +53,7 @@ CPU_RANKS_PER_CORE = 8  # beyond this many CPU processes per core a run only thr
 
 
 def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> Optional[str]:
-    """Refuses device requests this machine cannot serve (``accelerator``: ``cpu`` or ``cuda``, resolved); returns the
-    warning line for more CPU processes than cores (allowed: students learn ddp on laptops), else None."""
+    """Refuses what this machine cannot serve; returns the warning for more CPU processes than cores (allowed)."""
     parsed = parse_devices(devices)
     if accelerator == "cpu":
         cores = cpu_count or 1
@@ -96,7 +93,7 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
 
 
 def resolved_accelerator(accelerator) -> Optional[str]:
-    """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object from a config."""
+    """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object."""
     if not isinstance(accelerator, str):
         return None
     cuda = torch.cuda.is_available()
@@ -145,17 +142,15 @@ def check_config(config) -> None:
     if slurm_mismatch:
         raise ConfigError(slurm_mismatch)
     if nodes > 1 and not launcher_environment():
-        raise ConfigError(
-            f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
-            f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "
-            f"--master-port 29500 "
-            f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
-            f"(README, \"Several machines\")")
+        raise ConfigError(f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
+                          f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "
+                          f"--master-port 29500 train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py "
+                          f"...' under SLURM (README, \"Several machines\")")
 
 
 def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
-    """Why ``folder`` cannot be created or written, else None. Leaves nothing behind: the nearest existing folder is
-    tried with a temporary folder, removed at once (file modes alone do not tell, e.g. for root, or under /proc)."""
+    """Why ``folder`` cannot be created or written, else None: the nearest existing folder is tried with a temporary
+    folder, removed at once (file modes alone do not tell, e.g. for root)."""
     text = str(folder)
     if "://" in text:  # s3://, memory://...: left to fsspec
         return None
@@ -175,8 +170,7 @@ def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
 
 
 def check_outputs(trainer, subcommand: str) -> None:
-    """The run's folder (``--trainer.default_root_dir``), the loggers' and for fit the checkpoint folders can be created
-    and written; nothing is created here."""
+    """The run's, the loggers' and (fit) the checkpoint folders can be created and written; nothing is created."""
     folders = [("trainer.default_root_dir", trainer.default_root_dir)]
     folders += [("trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)) for logger in trainer.loggers]
     if subcommand == "fit":
@@ -185,7 +179,5 @@ def check_outputs(trainer, subcommand: str) -> None:
     for key, folder in folders:
         reason = unwritable_reason(folder) if folder is not None else None
         if reason is not None:
-            raise CantWriteError(
-                f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
-                f"(--trainer.default_root_dir: logs and checkpoints go under it)"
-            )
+            raise CantWriteError(f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
+                                 f"(--trainer.default_root_dir: logs and checkpoints go under it)")
