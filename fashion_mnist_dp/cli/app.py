@@ -126,11 +126,9 @@ class FashionMNISTCLI(LightningCLI):
             built = errors.failed_constructor(error, class_paths(self.config[self.subcommand]))
             if built is None and not isinstance(error, (ValueError, TypeError, ImportError)):
                 raise
-            if built is None:
-                raise errors.ConfigError(errors.one_line(error)) from error
-            key, path, raised = built
-            raise errors.ConfigError(f"{key} {path} cannot be built: {type(raised).__name__}: "
-                                     f"{errors.one_line(raised)}") from error
+            key, path, raised = built or ("", "", error)
+            line = f"{key} {path} cannot be built: {type(raised).__name__}: " if built else ""
+            raise errors.ConfigError(line + errors.one_line(raised)) from error
         if hasattr(self.model, "start_notes"):
             self.model.start_notes = [self._lr_note(), *self.run.notes, *start_block.unseen_settings(self.trainer),
                                       *runtime.safety_off(self.trainer)]

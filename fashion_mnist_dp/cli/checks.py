@@ -55,6 +55,8 @@ CPU_RANKS_PER_CORE = 8  # beyond this many CPU processes per core a run only thr
 def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> Optional[str]:
     """Refuses what this machine cannot serve; returns the warning for more CPU processes than cores (allowed)."""
     parsed = parse_devices(devices)
+    if parsed == "auto":
+        return None
     if accelerator == "cpu":
         cores = cpu_count or 1
         most = CPU_RANKS_PER_CORE * cores
@@ -62,8 +64,6 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         if isinstance(parsed, list):
             raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: "
                               f"{allowed}")
-        if parsed == "auto":
-            return
         if parsed == -1:
             raise ConfigError(f"{DEVICES_KEY} is -1 (every GPU), but the accelerator is cpu: {allowed}")
         if parsed <= 0:
@@ -79,8 +79,6 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
     if accelerator == "cuda" and gpu_count > 0:
         visible = f"{gpu_count} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
         allowed = f"give 1 to {gpu_count}, -1 or auto (every visible GPU), or GPU indices from 0 to {gpu_count - 1}"
-        if parsed == "auto":
-            return
         if isinstance(parsed, list):
             bad = [d for d in parsed if not 0 <= d < gpu_count]
             if bad or not parsed or len(set(parsed)) != len(parsed):

@@ -153,14 +153,6 @@ class RngState(Callback):
 # ------------------------------------------------------------------ TensorBoard run folders
 
 
-def _tensorboard_loggers(loggers) -> list:
-    return [logger for logger in loggers if isinstance(logger, TensorBoardLogger)]
-
-
-def _root(logger: TensorBoardLogger) -> str:
-    return os.path.abspath(logger.root_dir)
-
-
 class TensorBoardRun(Callback):
     """Saves the first TensorBoard logger's run folder (absolute root and version) with every checkpoint."""
 
@@ -168,11 +160,11 @@ class TensorBoardRun(Callback):
         self._logger: Optional[TensorBoardLogger] = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        loggers = _tensorboard_loggers(trainer.loggers)
-        self._logger = loggers[0] if loggers else None
+        self._logger = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {} if self._logger is None else {"root": _root(self._logger), "version": self._logger.version}
+        return {} if self._logger is None else {"root": os.path.abspath(self._logger.root_dir),
+                                                       "version": self._logger.version}
 
 
 # ------------------------------------------------------------------ for one trainer
