@@ -1,11 +1,10 @@
-"""The exit-code table (README, docs/cli.md): every exit of train.py takes its code from here. A module of its own,
-importing nothing heavy, so that train.py's first lines can use it before the package loads."""
+"""The exit-code table (docs/cli.md), importing nothing heavy: train.py's first lines use it before the package."""
 
 from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """One code per failure class (sysexits.h numbering where one fits); README's table."""
+    """One code per failure class (sysexits.h numbering where one fits)."""
 
     OK = 0
     PEER_FAILED = 1  # under srun: another task of the step failed (srun returns the highest code: the failed one's)

@@ -1,6 +1,4 @@
-"""train.py's LightningCLI: wiring only (the default config, links, where the run's files go, what a checkpoint's
-hyperparameters may fill in, the callbacks' order, the test after fit), and ``main``, which turns every error into one
-line and an exit code (fashion_mnist_dp/runtime/errors.py)."""
+"""train.py's LightningCLI (wiring only: docs/architecture.md) and ``main``: every error one line and an exit code."""
 
 import dataclasses
 import sys
@@ -16,7 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
 from fashion_mnist_dp.cli import checkpoint_hparams, outputs, slurm, start_block
-from fashion_mnist_dp.cli.checks import check_config, check_config_file, check_outputs, config_files
+from fashion_mnist_dp.cli.checks import check_config, check_outputs
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
@@ -28,18 +26,16 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml
 class RunState:
     """What the CLI decides in one hook and uses in a later one."""
 
-    given: Set[str]  # the keys the user gave (flags and --config files), over a checkpoint's stored ones
-    lr_origin: Optional[str] = None  # shorthand's: a network's or optimizer's known-good lr, else None
-    resumed: resume.Resume = dataclasses.field(default_factory=resume.Resume)  # --ckpt_path resolved (and read)
+    given: Set[str]  # the keys the user gave, over a checkpoint's stored ones
+    lr_origin: Optional[str] = None
+    resumed: resume.Resume = dataclasses.field(default_factory=resume.Resume)
     user_config: Any = None  # the config before LightningCLI put a checkpoint's hyperparameters over it
     stored: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the checkpoint's stored model settings
     notes: List[str] = dataclasses.field(default_factory=list)  # start-block lines: given over the checkpoint
 
 
 class FashionMNISTCLI(LightningCLI):
-    """LightningCLI with our defaults file, the batch linked from data to model, the run's folders and
-    ``--ckpt_path`` decided from the config before anything is built, the callbacks' order checked and the safety
-    callbacks a config left out named, and a test run after fit."""
+    """LightningCLI with our defaults, links, folders, ``--ckpt_path`` decided before anything is built, and a test."""
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
         kwargs.setdefault("exit_on_error", False)  # main() turns parse errors into one line
@@ -51,9 +47,7 @@ class FashionMNISTCLI(LightningCLI):
         compat.batch_limits_count_first(parser)
         parser.add_argument("--test_after_fit", type=bool, default=True,
                             help="fit only: evaluate the best checkpoint on the test split when training ends")
-        # Three settings of callbacks in trainer.callbacks, kept as top-level flags: the links set them on the callbacks
-        # that take them (callbacks.progress.ProgressBar, fashion_mnist_dp.runtime.Agreement,
-        # callbacks.ThroughputReport).
+        # Settings of callbacks in trainer.callbacks as top-level flags: the links set them on those that take them.
         parser.add_argument("--progress", type=Optional[bool], default=None,
                             help="a progress bar inside each epoch; default: when stdout is a terminal")
         parser.add_argument("--check_every_n_steps", type=int, default=runtime.DEFAULT_CHECK_EVERY_N_STEPS,
@@ -74,11 +68,10 @@ class FashionMNISTCLI(LightningCLI):
         parser.link_arguments("data.virtual_devices", "model.virtual_devices")
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parse, then decide from the config alone where the run's files go and what ``--ckpt_path`` means (a file,
-        or ``last`` in this experiment's checkpoint folder), and check that checkpoint before LightningCLI reads its
-        hyperparameters into the config (fashion_mnist_dp/runtime/checkpoint_io.py: verified, no code)."""
+        """Parse; decide from the config alone the run's folders and ``--ckpt_path``, checked before LightningCLI reads
+        its hyperparameters (verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
-        self.run = RunState(given=checkpoint_hparams.given_keys(args), lr_origin=getattr(args, "lr_origin", None))
+        self.run = RunState(given=set(args.given), lr_origin=args.lr_origin)  # args: shorthand.expand_args's
         subcommand = self.config.get("subcommand")
         if not subcommand:
             return
@@ -113,8 +106,7 @@ class FashionMNISTCLI(LightningCLI):
             self.save_config_kwargs["filled"] += outputs.tensorboard_runs(config, continued)
 
     def before_instantiate_classes(self) -> None:
-        """LightningCLI has put the checkpoint's hyperparameters over the config: the user's given values go back on
-        top (fashion_mnist_dp/cli/checkpoint_hparams.py), then the config is checked."""
+        """The user's given values back over the checkpoint's hyperparameters (cli/checkpoint_hparams.py); checks."""
         config = self.config[self.subcommand]
         if self.run.stored:
             user = self.run.user_config[self.subcommand]
@@ -124,8 +116,7 @@ class FashionMNISTCLI(LightningCLI):
         check_config(config)
 
     def instantiate_classes(self) -> None:
-        """A value that parses but cannot run (``--strategy foo``, ``--accelerator tpu`` without torch_xla) is the
-        user's mistake: one line."""
+        """A value that parses but cannot run (``--strategy foo``) or a constructor that raises: one line."""
         try:
             super().instantiate_classes()
             runtime.check_order(self.trainer.callbacks)  # here, in the launching process, before any rank starts
@@ -135,18 +126,15 @@ class FashionMNISTCLI(LightningCLI):
             built = errors.failed_constructor(error, class_paths(self.config[self.subcommand]))
             if built is None and not isinstance(error, (ValueError, TypeError, ImportError)):
                 raise
-            if built is None:
-                raise errors.ConfigError(errors.one_line(error)) from error
-            key, path, raised = built
-            raise errors.ConfigError(f"{key} {path} cannot be built: {type(raised).__name__}: "
-                                     f"{errors.one_line(raised)}") from error
+            key, path, raised = built or ("", "", error)
+            line = f"{key} {path} cannot be built: {type(raised).__name__}: " if built else ""
+            raise errors.ConfigError(line + errors.one_line(raised)) from error
         if hasattr(self.model, "start_notes"):
             self.model.start_notes = [self._lr_note(), *self.run.notes, *start_block.unseen_settings(self.trainer),
                                       *runtime.safety_off(self.trainer)]
 
     def _lr_note(self) -> str:
-        """Where the base lr came from: the user's flag or file, a shipped network's or optimizer's known-good lr, or
-        configs/default.yaml."""
+        """Where the base lr came from: a flag or file, a known-good lr, or configs/default.yaml."""
         origin = self.run.lr_origin
         if origin is None:
             given = "model.optimizer.init_args.lr" in self.run.given
@@ -154,8 +142,7 @@ class FashionMNISTCLI(LightningCLI):
         return f"  lr from         : {origin}"
 
     def _before_launch(self) -> None:
-        """In the launching process, before any rank or process group exists: output folders, the checkpoint, the
-        data (local rank 0 of each node), so a bad input ends here with one line instead of inside one rank."""
+        """In the launching process, before any rank exists: folders, rendezvous, checkpoint and data checked."""
         check_outputs(self.trainer, self.subcommand)
         environment = getattr(self.trainer.strategy, "cluster_environment", None)
         if environment is not None and self.trainer.world_size > 1:
@@ -177,8 +164,7 @@ class FashionMNISTCLI(LightningCLI):
     before_fit = before_validate = before_test = before_predict = _before_launch
 
     def after_fit(self) -> None:
-        """The test after fit: the best checkpoint by validation when validation had images of its own; the last
-        epoch's weights when it was the test split (a choice made on the test images would flatter the result)."""
+        """The test after fit: the best checkpoint by val/acc; the last weights if validation used the test split."""
         if self.trainer.interrupted or not self.config.fit.test_after_fit:
             return
         checkpoint = self.trainer.checkpoint_callback  # the first ModelCheckpoint: the best by val/acc
@@ -194,9 +180,7 @@ class FashionMNISTCLI(LightningCLI):
 
 
 class SaveConfigAsGiven(SaveConfigCallback):
-    """config.yaml as the user gave it: the folders train.py derived from ``default_root_dir`` stay null there, so a
-    rerun from it (``--config .../config.yaml --trainer.default_root_dir elsewhere``) writes under ``elsewhere``
-    instead of into this run's folder (it replaced the first run's last.ckpt)."""
+    """config.yaml as the user gave it: derived folders stay null, so a rerun from it writes where it is told."""
 
     def __init__(self, *args, filled=(), **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -231,7 +215,7 @@ def class_paths(config) -> Dict[str, str]:
 
 
 def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
-    """Parse already-expanded ``args`` (subcommand first), build the objects and run the subcommand."""
+    """Parse ``args`` (shorthand.expand_args's), build the objects and run the subcommand."""
     register_strategies()  # dp and FSDP2's fsdp, before the parser validates --trainer.strategy
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
     return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=args,
@@ -240,10 +224,7 @@ def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
 
 
 def _run(argv: List[str]) -> list:
-    expanded = expand_args(argv)
-    for name in config_files(expanded):
-        check_config_file(name)
-    cli = build_cli(expanded)
+    cli = build_cli(expand_args(argv))  # the command line and its --config files, read and checked once
     return compat.launched_children(cli.trainer)  # they end with this process: wait for them
 
 

@@ -1,19 +1,11 @@
-"""A checkpoint's stored hyperparameters against what the user gave. The rule (README, "Resume"): what the command line
-or a ``--config`` file gives wins; the checkpoint fills in only the model settings nobody gave (so its network loads
-without being named again), for a file and for ``--ckpt_path last`` alike; the start block names every given value
-that differs from the stored one. LightningCLI alone lets the checkpoint win over the command line (Lightning's open
-PR #21455).
-
-A checkpoint may name classes (``model.network.class_path``) and a class path is an import: only the shipped classes
-and those of modules this run has already imported are accepted from a file, so a checkpoint never makes a run import
-(and so run) code."""
+"""A checkpoint's stored hyperparameters against what the user gave: given values win, the checkpoint fills in the
+rest, and no class path from a checkpoint imports a module (docs/cli.md, "Values with a special meaning")."""
 
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Set
 
-from fashion_mnist_dp.cli.checks import options, yaml_mapping
-from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND
+from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND, flat
 from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.errors import CheckpointError
 
@@ -21,36 +13,8 @@ MODEL = "model"
 SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}  # model.optimizer.init_args.lr -> --lr
 
 
-def given_keys(args: Sequence[str]) -> Set[str]:
-    """The dotted keys the user set in ``args`` (expanded: full keys, subcommand first): every flag's key and every
-    key of every ``--config`` file."""
-    keys: Set[str] = set()
-    for key, value in ((key[2:], value) for key, value in options(args)):
-        if key == "config":
-            keys |= set(flat(yaml_mapping(value)))
-        elif key.startswith(f"{MODEL}.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
-                and not key.endswith(".class_path"):
-            # jsonargparse's --model.optimizer.lr: --model.optimizer.init_args.lr
-            first, second, rest = key.split(".", 2)
-            keys.add(f"{first}.{second}.init_args.{rest}" if second in ("network", "optimizer") else key)
-        else:
-            keys.add(key)
-    # Giving a class path gives the whole setting: its init_args are the new class's, not the checkpoint's.
-    return {key.removesuffix(".class_path") for key in keys}
-
-
-def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
-    """Nested dicts as {dotted key: leaf}; a class path and its init_args are separate leaves."""
-    if not isinstance(tree, dict) or not tree:
-        return {prefix: tree} if prefix else {}
-    found: Dict[str, Any] = {}
-    for key, value in tree.items():
-        found.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return found
-
-
 def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
-    """The model's stored hyperparameters, with every class path checked (see the module docstring)."""
+    """The model's stored hyperparameters; a class path from a module not imported yet is refused."""
     stored = compat.public_hparams(checkpoint.get("hyper_parameters") or {})
     for key, value in flat(stored, MODEL).items():
         if key.rsplit(".", 1)[-1] in ("class_path", "_class_path") and value not in SHORT_NAME:
@@ -65,21 +29,19 @@ def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
 
 
 def check_fits(parser, config, subcommand: str, stored: Dict[str, Any], path: str) -> None:
-    """LightningCLI reads ``stored`` into the config next: a checkpoint whose settings this model does not take (one
-    written by another version of the project) ends here in one line."""
+    """A checkpoint whose settings this model does not take (another version of the project): one line."""
     if not stored:
         return
     try:
         parser.parse_object({subcommand: {MODEL: stored}}, config.clone())
     except Exception as error:  # noqa: BLE001 (jsonargparse raises several kinds)
         raise CheckpointError(f"checkpoint {path} stores model settings this version does not take "
-                                f"({' '.join(str(error).split())[:300]}); give --model.network and the other model "
-                                f"settings it was trained with instead of relying on the checkpoint") from error
+                              f"({' '.join(str(error).split())[:300]}); give --model.network and the other model "
+                              f"settings it was trained with instead of relying on the checkpoint") from error
 
 
 def reapply_given(merged, user, given: Set[str]) -> List[str]:
-    """Put the user's given model values (from ``user``, the config before the checkpoint's merge) back into
-    ``merged`` (the subcommand's config after it); returns them as ``key`` (outermost first)."""
+    """The user's given model values from ``user`` back into ``merged`` (after the checkpoint's); their keys."""
     applied = []
     for key in sorted((k for k in given if k == MODEL or k.startswith(f"{MODEL}.")), key=lambda k: k.count(".")):
         if any(key == a or key.startswith(f"{a}.") for a in applied) or key not in user:  # a setting gives all of it

@@ -1,22 +1,19 @@
-"""Pre-launch checks of values Lightning and jsonargparse accept but cannot run, each failing with one line; plain
-functions of plain values where possible, so tests give them any machine's counts. ``--devices``: README, "Command
-line"."""
+"""Pre-launch checks of values Lightning accepts but cannot run, each one line (docs/reliability.md, "Bad input")."""
 
 import importlib
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
-import yaml
 
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
 from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
 from fashion_mnist_dp.runtime.lifetime import is_launched_rank, launcher_environment
-from fashion_mnist_dp.strategies import CPU_NAME, NO_GPU_MESSAGE, is_fsdp, unshardable_optimizer
+from fashion_mnist_dp.strategies import CPU_NAME, is_fsdp, require_gpus, unshardable_optimizer
 
 DEVICES_KEY = "trainer.devices (--devices)"
 
@@ -42,7 +39,7 @@ def parse_devices(devices: Union[int, str, Sequence[int], None]):
 
 
 def import_class(class_path: Optional[str]) -> Optional[type]:
-    """The class a config's class path names (jsonargparse has imported it while parsing), else None."""
+    """The class a config's class path names (already imported by jsonargparse), else None."""
     if not isinstance(class_path, str) or "." not in class_path:
         return None
     module, _, name = class_path.rpartition(".")
@@ -56,9 +53,10 @@ CPU_RANKS_PER_CORE = 8  # beyond this many CPU processes per core a run only thr
 
 
 def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count: int) -> Optional[str]:
-    """Refuses device requests this machine cannot serve (``accelerator``: ``cpu`` or ``cuda``, resolved); returns the
-    warning line for more CPU processes than cores (allowed: students learn ddp on laptops), else None."""
+    """Refuses what this machine cannot serve; returns the warning for more CPU processes than cores (allowed)."""
     parsed = parse_devices(devices)
+    if parsed == "auto":
+        return None
     if accelerator == "cpu":
         cores = cpu_count or 1
         most = CPU_RANKS_PER_CORE * cores
@@ -66,8 +64,6 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         if isinstance(parsed, list):
             raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: "
                               f"{allowed}")
-        if parsed == "auto":
-            return
         if parsed == -1:
             raise ConfigError(f"{DEVICES_KEY} is -1 (every GPU), but the accelerator is cpu: {allowed}")
         if parsed <= 0:
@@ -83,8 +79,6 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
     if accelerator == "cuda" and gpu_count > 0:
         visible = f"{gpu_count} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
         allowed = f"give 1 to {gpu_count}, -1 or auto (every visible GPU), or GPU indices from 0 to {gpu_count - 1}"
-        if parsed == "auto":
-            return
         if isinstance(parsed, list):
             bad = [d for d in parsed if not 0 <= d < gpu_count]
             if bad or not parsed or len(set(parsed)) != len(parsed):
@@ -97,7 +91,7 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
 
 
 def resolved_accelerator(accelerator) -> Optional[str]:
-    """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object from a config."""
+    """``cpu``, ``cuda``, ``mps``... as Lightning will choose it; None for an Accelerator object."""
     if not isinstance(accelerator, str):
         return None
     cuda = torch.cuda.is_available()
@@ -116,8 +110,7 @@ def check_config(config) -> None:
         raise ConfigError(f"trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got {max_epochs}")
     accelerator = resolved_accelerator(trainer.accelerator)
     if str(trainer.strategy).lower() == "dp":
-        if not torch.cuda.is_available():
-            raise ConfigError(NO_GPU_MESSAGE)
+        require_gpus()  # here too: building the Trainer prints Lightning's srun warning before dp's own check
     elif accelerator in ("cpu", "cuda"):
         warning = check_devices(trainer.devices, accelerator, os.cpu_count(),
                                 torch.cuda.device_count() if torch.cuda.is_available() else 0)
@@ -147,63 +140,15 @@ def check_config(config) -> None:
     if slurm_mismatch:
         raise ConfigError(slurm_mismatch)
     if nodes > 1 and not launcher_environment():
-        raise ConfigError(
-            f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
-            f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "
-            f"--master-port 29500 "
-            f"train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py ...' under SLURM "
-            f"(README, \"Several machines\")")
-
-
-def options(args: Sequence[str]) -> List[tuple]:
-    """(``--key``, value) for every ``--key=value`` and ``--key value`` in ``args`` (a flag's value may be "")."""
-    pairs = [(i, *token.partition("=")) for i, token in enumerate(args) if token.startswith("--")]
-    return [(key, value if eq else (args[i + 1] if i + 1 < len(args) else "")) for i, key, eq, value in pairs]
-
-
-def config_files(args: Sequence[str]) -> List[str]:
-    """The values of ``--config FILE`` / ``--config=FILE`` in ``args``."""
-    return [value for key, value in options(args) if key == "--config" and value]
-
-
-def yaml_mapping(name: str) -> dict:
-    """The mapping a config file holds; {} when it cannot be read or holds none (check_config_file and jsonargparse
-    say what is wrong with it)."""
-    try:
-        with open(name) as stream:
-            loaded = yaml.safe_load(stream)
-    except (OSError, yaml.YAMLError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def check_config_file(name: str) -> None:
-    """An existing ``--config`` file must hold a YAML mapping; jsonargparse says "Unexpected config:" without the file.
-
-    Names that are not files are left to jsonargparse ("File does not exist", or an inline YAML string).
-    """
-    path = Path(name)
-    if not path.is_file():
-        return
-    try:
-        with path.open() as stream:  # a stream, so that YAML's messages name the file
-            loaded = yaml.safe_load(stream)
-    except OSError as error:
-        raise ConfigError(f"--config {name}: cannot be read ({error.strerror or error})") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"--config {name}: not valid YAML: {' '.join(str(error).split())}") from error
-    if loaded is None:
-        raise ConfigError(f"--config {name}: the file is empty; it should hold keys such as trainer:, model:, data:")
-    if not isinstance(loaded, dict):
-        raise ConfigError(
-            f"--config {name}: holds a {type(loaded).__name__} ({str(loaded)[:40]!r}), not keys such as trainer:, "
-            f"model:, data:"
-        )
+        raise ConfigError(f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
+                          f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "
+                          f"--master-port 29500 train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py "
+                          f"...' under SLURM (README, \"Several machines\")")
 
 
 def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
-    """Why ``folder`` cannot be created or written, else None. Leaves nothing behind: the nearest existing folder is
-    tried with a temporary folder, removed at once (file modes alone do not tell, e.g. for root, or under /proc)."""
+    """Why ``folder`` cannot be created or written, else None: the nearest existing folder is tried with a temporary
+    folder, removed at once (file modes alone do not tell, e.g. for root)."""
     text = str(folder)
     if "://" in text:  # s3://, memory://...: left to fsspec
         return None
@@ -223,8 +168,7 @@ def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
 
 
 def check_outputs(trainer, subcommand: str) -> None:
-    """The run's folder (``--trainer.default_root_dir``), the loggers' and for fit the checkpoint folders can be created
-    and written; nothing is created here."""
+    """The run's, the loggers' and (fit) the checkpoint folders can be created and written; nothing is created."""
     folders = [("trainer.default_root_dir", trainer.default_root_dir)]
     folders += [("trainer.logger.init_args.save_dir", getattr(logger, "save_dir", None)) for logger in trainer.loggers]
     if subcommand == "fit":
@@ -233,7 +177,5 @@ def check_outputs(trainer, subcommand: str) -> None:
     for key, folder in folders:
         reason = unwritable_reason(folder) if folder is not None else None
         if reason is not None:
-            raise CantWriteError(
-                f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
-                f"(--trainer.default_root_dir: logs and checkpoints go under it)"
-            )
+            raise CantWriteError(f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
+                                 f"(--trainer.default_root_dir: logs and checkpoints go under it)")

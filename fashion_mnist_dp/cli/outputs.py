@@ -1,7 +1,5 @@
-"""Where a run's files go, decided from its config before anything is built: the run's name (what ran:
-``cnn-ddp-4x128-sgd``), its log folder ``<default_root_dir>/<name>/version_<n>/`` and one checkpoint folder per
-experiment, ``<default_root_dir>/<name>/checkpoints/``, which ``--ckpt_path last`` searches (README, "What a run
-writes"). Plain functions of the parsed config, so a test can give them any machine's values."""
+"""Where a run's files go, decided from its parsed config before anything is built: the run's name, its log and
+checkpoint folders (docs/reporting.md, "Where")."""
 
 import inspect
 import os
@@ -25,7 +23,7 @@ def short_name(class_path: Optional[str]) -> str:
 
 
 def device_count(devices: Any, accelerator: Any) -> int:
-    """How many devices ``--devices`` means on this node: ``auto`` is 1 on CPU and every GPU on CUDA."""
+    """How many devices ``--devices`` means on this node (``auto``: 1 on CPU, every GPU on CUDA)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     parsed = parse_devices(devices)
     if isinstance(parsed, list):
@@ -48,8 +46,7 @@ def strategy_name(strategy: Any, devices: int) -> str:
 
 
 def run_name(config) -> str:
-    """``<network>-<strategy>-<devices>x<batch>-<optimizer>`` of a subcommand's parsed config, e.g.
-    ``cnn-ddp-4x128-sgd``; virtual devices read ``8vx128``."""
+    """``<network>-<strategy>-<devices>x<batch>-<optimizer>``, e.g. ``cnn-ddp-4x128-sgd`` (virtual: ``8vx128``)."""
     trainer, model, data = config.trainer, config.model, config.data
     devices = device_count(trainer.devices, trainer.accelerator) * int(trainer.num_nodes or 1)
     virtual = int(getattr(data, "virtual_devices", 1) or 1)
@@ -59,55 +56,42 @@ def run_name(config) -> str:
     return f"{network}-{strategy_name(trainer.strategy, devices)}-{shape}-{optimizer}"
 
 
-def _entries(value: Any, kind: type) -> List[Any]:
-    """The entries (class path and init_args) of a parsed list or single class, such as ``trainer.callbacks`` or
-    ``trainer.logger``, whose class is a ``kind``."""
+def _entries(value: Any, kind: type) -> List[Tuple[int, Any]]:
+    """(index, entry) of each entry of a parsed list or single class (``trainer.callbacks``) of a ``kind``."""
     entries = value if isinstance(value, list) else [value]
-    return [entry for entry in entries if isinstance(import_class(getattr(entry, "class_path", None)), type)
-            and issubclass(import_class(entry.class_path), kind)]
-
-
-def checkpoint_callbacks(config) -> List[Any]:
-    """The ModelCheckpoint entries (class path and init_args) of ``trainer.callbacks`` in a subcommand's config."""
-    return _entries(config.trainer.callbacks or [], ModelCheckpoint)
+    return [(index, entry) for index, entry in enumerate(entries)
+            if isinstance(found := import_class(getattr(entry, "class_path", None)), type) and issubclass(found, kind)]
 
 
 def fill_output_paths(config) -> List[Tuple[str, int, str]]:
-    """Put the run's folders into a subcommand's config: ``default_root_dir`` (default ``runs``); for every
-    ModelCheckpoint without a ``dirpath``, ``<default_root_dir>/<run name>/checkpoints``; for every TensorBoard logger
-    without a ``save_dir`` or ``name``, ``<default_root_dir>`` and the run's name. Returns what it filled, as
-    (list key, index, argument): the run's config.yaml keeps those null (:func:`as_given`)."""
+    """Fill in ``default_root_dir`` (``runs``), each ModelCheckpoint's ``dirpath`` (``<root>/<run name>/checkpoints``)
+    and each TensorBoard logger's ``save_dir`` and ``name``; returns what it filled (list key, index, argument), which
+    config.yaml keeps null (:func:`as_given`)."""
     trainer, filled = config.trainer, []
     if trainer.default_root_dir is None:
         trainer.default_root_dir = DEFAULT_ROOT
     name = run_name(config)
-    callbacks = trainer.callbacks if isinstance(trainer.callbacks, list) else [trainer.callbacks]
-    for entry in checkpoint_callbacks(config):
+    for index, entry in _entries(trainer.callbacks or [], ModelCheckpoint):
         if entry.init_args.dirpath is None:
             entry.init_args.dirpath = str(Path(trainer.default_root_dir) / name / "checkpoints")
-            filled.append(("trainer.callbacks", callbacks.index(entry), "dirpath"))
-    loggers = trainer.logger if isinstance(trainer.logger, list) else [trainer.logger]
-    for entry in _entries(trainer.logger, TensorBoardLogger):
+            filled.append(("trainer.callbacks", index, "dirpath"))
+    for index, entry in _entries(trainer.logger, TensorBoardLogger):
         for argument, value in (("save_dir", str(trainer.default_root_dir)), ("name", name)):
             if entry.init_args.get(argument) is None:
                 entry.init_args[argument] = value
-                filled.append(("trainer.logger", loggers.index(entry), argument))
+                filled.append(("trainer.logger", index, argument))
     return filled
 
 
 def tensorboard_runs(config, checkpoint: Optional[dict]) -> List[Tuple[str, Optional[int], str]]:
-    """For a fit, before any logger is built: each TensorBoard logger without a ``version`` continues the
-    ``checkpoint``'s run folder when it is this logger's (``--ckpt_path last``: its version, purged from the
-    checkpoint's step on, with metrics.csv), else opens a new run with a purge at step 0 (TensorBoard ignores a run's
-    first START, so a later purge is honoured). Lightning's own ``version`` and SummaryWriter's ``purge_step``, for a
-    logger class that takes ``purge_step`` by name (MetricsCSV; Lightning's own opens a new version folder, as in
-    Lightning); what it filled, for :func:`as_given`."""
+    """For a fit: each TensorBoard logger that takes ``purge_step`` continues the ``checkpoint``'s run folder when it
+    is its own, else opens a new run purged from step 0 (docs/reliability.md, "TensorBoard after a resume"); what it
+    filled, for :func:`as_given`."""
     run = ((checkpoint or {}).get("callbacks") or {}).get("TensorBoardRun") or {}
     step = int((checkpoint or {}).get("global_step", 0))
-    loggers = config.trainer.logger if isinstance(config.trainer.logger, list) else [config.trainer.logger]
     filled: List[Tuple[str, Optional[int], str]] = []
-    for entry in _entries(config.trainer.logger, TensorBoardLogger):
-        args, index = entry.init_args, loggers.index(entry)
+    for index, entry in _entries(config.trainer.logger, TensorBoardLogger):
+        args = entry.init_args
         if "purge_step" not in inspect.signature(import_class(entry.class_path)).parameters:
             continue
         ours = run.get("root") == os.path.abspath(os.path.join(args.save_dir, args.name or ""))
@@ -121,9 +105,7 @@ def tensorboard_runs(config, checkpoint: Optional[dict]) -> List[Tuple[str, Opti
 
 
 def as_given(config, filled: List[Tuple[str, Optional[int], str]]):
-    """A copy of ``config`` with the values train.py derived (:func:`fill_output_paths`' folders, the data
-    workers' timeout) back to null: rerun with ``--config``
-    and another ``--trainer.default_root_dir``, it writes there, not into this run's folders."""
+    """A copy of ``config`` with the values train.py derived (``filled``) back to null."""
     given = config.clone()
     for key, index, argument in filled:
         if index is None:  # a plain section's key (data.worker_timeout)
@@ -136,12 +118,12 @@ def as_given(config, filled: List[Tuple[str, Optional[int], str]]):
 
 def checkpoint_folders(config) -> List[str]:
     """The folders ``--ckpt_path last`` searches: every ModelCheckpoint's, absolute (as Lightning's own)."""
-    return sorted({str(Path(entry.init_args.dirpath).absolute()) for entry in checkpoint_callbacks(config)
-                   if entry.init_args.dirpath})
+    entries = _entries(config.trainer.callbacks or [], ModelCheckpoint)
+    return sorted({str(Path(entry.init_args.dirpath).absolute()) for _, entry in entries if entry.init_args.dirpath})
 
 
 def last_checkpoints(folders: List[str]) -> set:
-    """The ``last*.ckpt`` files in ``folders`` (what Lightning's ModelCheckpoint counts as a last checkpoint)."""
+    """The ``last*.ckpt`` files in ``folders`` (Lightning's last checkpoints)."""
     return {str(path) for folder in folders for path in Path(folder).glob("last*.ckpt")}
 
 

@@ -1,7 +1,10 @@
-"""The workshop's command line (``--strategy ddp --devices 4``) rewritten to LightningCLI's (``fit --trainer.strategy
-ddp --trainer.devices 4``), and nothing else: full keys, ``--config`` and subcommands keep their meaning."""
+"""The one reader of the command line and its ``--config`` files: the workshop's flags (``--strategy ddp --devices 4``)
+rewritten to LightningCLI's (``fit --trainer.strategy ddp --trainer.devices 4``), and the keys the user gave."""
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import yaml
 
 from fashion_mnist_dp.runtime.errors import ConfigError
 
@@ -139,14 +142,17 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
         if len({value for _, value in uses}) > 1 and len({flag for flag, _ in uses}) > 1:
             shown = " and ".join(f"{flag} {value}" for flag, value in uses)
             raise ConfigError(f"conflicting values for {target[2:]}: {shown}; give it once")
-    return with_known_good_lr(expanded, given)
+    result = with_known_good_lr(expanded, given)
+    result.given = given_keys(result)
+    return result
 
 
 class ExpandedArgs(list):
-    """The expanded command line, and where its base lr comes from (``lr_origin``, for the start block; None: from
-    the config files)."""
+    """The expanded command line; where its base lr comes from (``lr_origin``, for the start block; None: from the
+    config files) and the dotted keys the user gave (``given``: flags and ``--config`` files' keys)."""
 
     lr_origin: Optional[str] = None
+    given: Set[str] = frozenset()
 
 
 def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> ExpandedArgs:
@@ -171,3 +177,55 @@ def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> Ex
     result.lr_origin = f"{origin} (--lr sets another)"
     return result
 
+
+def options(args: Sequence[str]) -> List[tuple]:
+    """(``--key``, value) for every ``--key=value`` and ``--key value`` in ``args`` (a flag's value may be "")."""
+    pairs = [(i, *token.partition("=")) for i, token in enumerate(args) if token.startswith("--")]
+    return [(key, value if eq else (args[i + 1] if i + 1 < len(args) else "")) for i, key, eq, value in pairs]
+
+
+def config_file(name: str) -> Dict[str, Any]:
+    """The mapping a ``--config`` file holds, else one line (jsonargparse says only "Unexpected config:"); a name that
+    is not a file is left to jsonargparse ("File does not exist", or an inline YAML string)."""
+    if not Path(name).is_file():
+        return {}
+    try:
+        with open(name) as stream:  # a stream, so that YAML's messages name the file
+            loaded = yaml.safe_load(stream)
+    except OSError as error:
+        raise ConfigError(f"--config {name}: cannot be read ({error.strerror or error})") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--config {name}: not valid YAML: {' '.join(str(error).split())}") from error
+    if loaded is None:
+        raise ConfigError(f"--config {name}: the file is empty; it should hold keys such as trainer:, model:, data:")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config {name}: holds a {type(loaded).__name__} ({str(loaded)[:40]!r}), not keys such as "
+                          f"trainer:, model:, data:")
+    return loaded
+
+
+def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
+    """Nested dicts as {dotted key: leaf}; a class path and its init_args are separate leaves."""
+    if not isinstance(tree, dict) or not tree:
+        return {prefix: tree} if prefix else {}
+    found: Dict[str, Any] = {}
+    for key, value in tree.items():
+        found.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return found
+
+
+def given_keys(args: Sequence[str]) -> Set[str]:
+    """The dotted keys the user set in ``args`` (expanded): every flag's key and every key of every ``--config`` file
+    (each file checked here, read once)."""
+    keys: Set[str] = set()
+    for key, value in ((key[2:], value) for key, value in options(args)):
+        if key == "config":
+            keys |= set(flat(config_file(value)))
+        elif key.startswith("model.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
+                and not key.endswith(".class_path"):  # jsonargparse's --model.optimizer.lr: ...init_args.lr
+            first, second, rest = key.split(".", 2)
+            keys.add(f"{first}.{second}.init_args.{rest}" if second in ("network", "optimizer") else key)
+        else:
+            keys.add(key)
+    # Giving a class path gives the whole setting: its init_args are the new class's, not the checkpoint's.
+    return {key.removesuffix(".class_path") for key in keys}

@@ -1,5 +1,4 @@
-"""What the Trainer cannot check itself about the job around it: whether srun started the tasks it expects, and
-whether the rendezvous address resolves here (else SLURM's address for that node, or one line)."""
+"""What the Trainer cannot check about the job around it: srun's tasks, and whether the rendezvous address resolves."""
 
 import os
 import re
@@ -9,10 +8,8 @@ from typing import Callable, Mapping, MutableMapping, Optional, Tuple
 
 
 def check_slurm_layout(environ: Mapping[str, str], want, nodes: int) -> Optional[str]:
-    """Under srun, the tasks SLURM started must be the ranks the Trainer expects: ``srun -n N`` alone (no tasks per
-    node, which Lightning needs) or a count that disagrees with ``--devices``/``--num_nodes`` would end in Lightning's
-    RuntimeError on every task, or in ranks waiting for peers that never come. ``want``: the parsed ``--devices``
-    (an int, "auto" or a list of GPU indices). None: fine, or not under srun."""
+    """Under srun, why the tasks SLURM started are not the ranks the Trainer expects (``want``: the parsed
+    ``--devices``), else None: they would fail on every task or wait for peers that never come."""
     if "SLURM_NTASKS" not in environ or environ.get("SLURM_JOB_NAME") in ("bash", "interactive"):
         return None  # not SLURM-managed (Lightning's own rule: an interactive job launches its processes itself)
     tasks = int(environ.get("SLURM_NTASKS", "1"))
@@ -54,10 +51,8 @@ def slurm_node_address(node: str, run: Callable = subprocess.run) -> Optional[st
 
 def rendezvous_address(environment, environ: MutableMapping[str, str] = os.environ,
                        run: Callable = subprocess.run) -> Tuple[str, Optional[str]]:
-    """The address the ranks meet at (Lightning's cluster environment: ``MASTER_ADDR``, or under SLURM the first
-    node's name from ``SLURM_NODELIST``) and a start-block note when it was replaced. A name that does not resolve
-    here made c10d retry it without end (docs/running-on-clusters.md): under SLURM the node's ``NodeAddr`` is used
-    instead (exported as ``MASTER_ADDR``, which Lightning reads first); otherwise ``LookupError`` with the line."""
+    """The rendezvous address and a start-block note when SLURM's ``NodeAddr`` (exported as ``MASTER_ADDR``) replaced
+    a name that does not resolve here; else LookupError with the line (docs/running-on-clusters.md)."""
     given = environ.get("MASTER_ADDR")
     address = environment.main_address
     if resolves(address):

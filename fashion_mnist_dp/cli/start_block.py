@@ -1,5 +1,5 @@
-"""What train.py adds to the start block about itself: what a run does that its config cannot show as a key, each line
-read from the live object (docs/cli.md); and the output it hides, installed when this module loads."""
+"""The start block's lines for what no config key shows (docs/cli.md), and the output train.py hides, installed when
+this module loads."""
 
 import logging
 import signal
@@ -30,10 +30,7 @@ def _handler_name(handler) -> str:
 
 
 def unseen_settings(trainer: Trainer) -> List[str]:
-    """Start-block lines for what a run does that its config cannot show as a key, each read from the live object:
-    the strategy's class as it runs (``fsdp`` and ``dp`` are the project's; ``fsdp`` on CPU its ``fsdp_cpu``), the
-    timeout its process group gets, the signal handlers, the warnings and Lightning lines hidden, and whether the
-    step-time breakdown (the ``breakdown`` key) runs here and wraps DDP's comm hook."""
+    """Start-block lines for what a run does that no config key shows, each read from the live object (docs/cli.md)."""
     strategy = trainer.strategy
     lines = [f"  strategy class  : {type(strategy).__module__}.{type(strategy).__qualname__}"]
     timeout = compat.collective_timeout(strategy)

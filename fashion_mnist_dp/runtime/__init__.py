@@ -1,7 +1,4 @@
-"""Everything that keeps a run safe: exit codes and user-facing errors (errors), the ranks' one agreement per decision
-point (agreement), divergence, preemption, faults of the job, resume, verified checkpoint IO, process lifetime, and
-every private Lightning access (compat). The story of each Lightning gap: docs/reliability.md.
-"""
+"""Everything that keeps a run safe; the story of each Lightning gap: docs/reliability.md."""
 
 import os
 from contextlib import contextmanager
@@ -23,8 +20,7 @@ __all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFa
            "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order", "end_peer_tasks",
            "guarded_process", "safety_off"]
 
-# The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries
-# (docs/reliability.md has the test of each).
+# The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries (docs/reliability.md).
 SAFETY = {
     JobFaults: "on a lost rank or a stalled data worker: no collective save, the job ends with one line",
     DivergenceGuard: "a diverged run stops with advice (exit 70) and saves no diverged checkpoint",
@@ -37,8 +33,7 @@ SAFETY = {
 
 
 def safety_off(trainer: Trainer) -> List[str]:
-    """One line per run-safety callback or plugin that ``trainer`` runs without (a ``--config`` file that sets
-    ``trainer.callbacks`` replaces the whole list), for the start block."""
+    """The start block's line for each run-safety callback or plugin ``trainer`` runs without."""
     present = {type(c) for c in trainer.callbacks} | {type(trainer.strategy.checkpoint_io)}
     return [f"  safety off      : {kind.__name__}: {guarantee}" for kind, guarantee in SAFETY.items()
             if not any(issubclass(p, kind) for p in present)]
@@ -46,9 +41,7 @@ def safety_off(trainer: Trainer) -> List[str]:
 
 @contextmanager
 def guarded_process() -> Iterator[Handlers]:
-    """What every train.py process does first, undone when ``main`` returns (it may run inside a caller's process):
-    a launched rank dies with its launcher, the launcher tells its ranks its pid, and the signal handlers
-    (fashion_mnist_dp/runtime/signals.py) are installed."""
+    """A train.py process's start, undone when ``main`` returns: a rank dies with its launcher; signal handlers."""
     die_with_parent()
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
     mark_launcher()

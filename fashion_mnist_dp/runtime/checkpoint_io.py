@@ -1,11 +1,5 @@
-"""Checkpoints written atomically with a sha256 sidecar, verified before loading, and loaded without running code.
-
-A save of ``X.ckpt`` serialises in memory, writes ``.X.ckpt.tmp-<pid>`` and its sidecar, fsyncs,
-renames both over ``X.ckpt`` and ``X.ckpt.sha256`` (``sha256sum -c`` format), fsyncs the folder and
-reads the file back. A reader sees the old or the new file, never a partial one. Every load checks the
-sha256 (or, without a sidecar, the zip archive's CRCs) and unpickles with ``weights_only=True``: a
-crafted file cannot run code. Remote (``s3://``...) paths are left to Lightning. Why: docs/reliability.md.
-"""
+"""Checkpoints written atomically with a sha256 sidecar, verified before loading, loaded without running code
+(``weights_only=True``); remote paths are Lightning's: docs/reliability.md, "Checkpoints"."""
 
 import contextlib
 import hashlib
@@ -42,10 +36,7 @@ def file_sha256(path) -> str:
 
 
 def verify(path) -> Optional[str]:
-    """The sha256 when it matches the sidecar; None when there is no sidecar but the zip archive is sound.
-
-    Raises :class:`CheckpointError` otherwise, FileNotFoundError when the file is missing.
-    """
+    """The sha256 when it matches the sidecar; None without one when the zip archive is sound; else raises."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -84,7 +75,7 @@ def load(path, map_location: Any = "cpu") -> dict:
 
 
 def newest_valid(candidates: Iterable[Path]) -> Tuple[Optional[Path], List[CheckpointError]]:
-    """The most recently written (mtime) candidate that passes :func:`verify`, and the damaged ones seen before it."""
+    """The newest (mtime) candidate that passes :func:`verify`, and the damaged ones seen before it."""
     rejected: List[CheckpointError] = []
     existing = [Path(p) for p in candidates if Path(p).is_file()]
     for path in sorted(existing, key=lambda p: p.stat().st_mtime_ns, reverse=True):

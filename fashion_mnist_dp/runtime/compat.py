@@ -1,10 +1,5 @@
 """Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters, or of torch's FSDP2
-modules, whose comms have no getter), and nothing else.
-
-Each was checked against Lightning 2.6.6: tests/unit/test_compat.py lists them and fails with the ones a newer
-Lightning no longer has, so an upgrade breaks one test with a clear message instead of six modules at run time. Why
-each is needed: docs/reliability.md.
-"""
+modules), and nothing else; tests/unit/test_compat.py checks each against Lightning 2.6.6 (docs/reliability.md)."""
 
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Union
@@ -16,10 +11,7 @@ CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not 
 
 
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
-    """Lightning's handlers run a broadcast (and SLURM's a save and a requeue) inside the signal handler, and its
-    epoch loop broadcasts rank 0's SIGTERM flag before every batch (a collective and a host read):
-    fashion_mnist_dp/runtime/signals.py
-    replaces both."""
+    """Lightning's signal handlers and its per-batch SIGTERM broadcast off: runtime/signals.py replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
@@ -28,9 +20,7 @@ BATCH_LIMITS = tuple(f"trainer.limit_{stage}_batches" for stage in ("train", "va
 
 
 def batch_limits_count_first(parser) -> None:
-    """Lightning types ``limit_*_batches`` ``Union[float, int]`` and jsonargparse tries float first, so ``1`` parsed
-    and saved as 1.0 (every batch) where Lightning's Python API reads one batch. Int first: a whole number is a
-    count, in flags, ``--config`` files and the saved config.yaml alike (jsonargparse's action holds the type)."""
+    """``limit_*_batches``: a whole number is a count (jsonargparse tried float first: ``1`` meant every batch)."""
     for action in parser._actions:
         if action.dest in BATCH_LIMITS:
             action._typehint = Union[int, float, None]
@@ -47,8 +37,7 @@ def between_optimizer_steps(trainer: Trainer) -> bool:
 
 
 def recreate_train_iterator(trainer: Trainer) -> None:
-    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did
-    (fashion_mnist_dp/runtime/resume.py)."""
+    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did."""
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:
         iter(fetcher)
@@ -62,19 +51,17 @@ def write_tensorboard_summaries(logger: TensorBoardLogger, summaries) -> None:
 
 
 def ddp_comm_hook(strategy) -> tuple:
-    """The DDP communication hook and its state the run's strategy was given (None, None: DDP's own allreduce).
-    Lightning registers it on CUDA only; callbacks/throughput.py wraps it to time the buckets, on CPU too."""
+    """The DDP communication hook's state and hook the strategy was given (None, None: DDP's own allreduce)."""
     return getattr(strategy, "_ddp_comm_state", None), getattr(strategy, "_ddp_comm_hook", None)
 
 
 def set_ddp_comm_hook(strategy, hook, state=None) -> None:
-    """Give the strategy a DDP communication hook, as ``DDPStrategy(ddp_comm_hook=...)`` does (tests inject one)."""
+    """Give the strategy a DDP communication hook, as ``DDPStrategy(ddp_comm_hook=...)`` does."""
     strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state
 
 
 def fsdp_collectives(module) -> tuple:
-    """An FSDP2 module's all-gather and reduce-scatter, to wrap (``set_custom_all_gather`` and
-    ``set_custom_reduce_scatter`` have no getter); (None, None) unless it has one parameter group, as they need."""
+    """An FSDP2 module's all-gather and reduce-scatter (no getter), with one parameter group; else (None, None)."""
     groups = module._get_fsdp_state()._fsdp_param_groups
     return (groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm) if len(groups) == 1 else (None, None)
 
@@ -86,8 +73,7 @@ def launched_children(trainer: Trainer) -> List[Any]:
 
 
 def release_children(trainer: Trainer) -> List[Any]:
-    """:func:`launched_children`, taken out of the sight of Lightning's ``_ChildProcessObserver``, which SIGKILLs the
-    launching process (exit 137) when a child exits non-zero: the caller waits for them instead."""
+    """:func:`launched_children`, out of sight of Lightning's observer (it SIGKILLs the launcher on a failed rank)."""
     children = launched_children(trainer)
     if children:
         trainer.strategy.launcher.procs.clear()
@@ -95,8 +81,7 @@ def release_children(trainer: Trainer) -> List[Any]:
 
 
 def shard_over_every_rank(strategy) -> None:
-    """ModelParallelStrategy's "auto" mesh is nodes × devices (data × tensor parallel): FSDP alone wants one
-    data-parallel dimension of every rank (fashion_mnist_dp/strategies/fsdp.py)."""
+    """One data-parallel mesh dimension of every rank (ModelParallelStrategy's "auto" is nodes × devices)."""
     strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
     strategy._tensor_parallel_size = 1
 

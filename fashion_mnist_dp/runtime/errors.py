@@ -1,9 +1,5 @@
-"""Exit codes and every error a user may see, in one table: ``reported`` turns each into one line and its code.
-
-A user's mistake, a damaged file or a stop that every rank takes together ends the process with
-one line on stderr and the code below, never a traceback. Anything not in the table keeps its
-traceback (exit 1): that is a bug to report.
-"""
+"""Every error a user may see, one class per exit code (fashion_mnist_dp/exit_codes.py); ``reported`` turns each into
+one line and its code, never a traceback; anything else keeps its traceback (exit 1): a bug (docs/cli.md)."""
 
 import errno
 import re
@@ -22,21 +18,19 @@ from fashion_mnist_dp.runtime.faults import describe_fault
 
 
 class UserFacingError(Exception):
-    """An error whose message is the whole story. Class attributes say how it is reported."""
+    """An error whose message is the whole story; one class per exit code, whose attributes say how it is reported."""
 
     exit_code: int = ExitCode.USAGE
     prefix = "error: "  # after "train.py: "
     hint = ""  # appended to the line
     to_stdout = False
-    rank = 0  # global rank of this process; see ``every_rank``
     every_rank = True  # False: raised on every rank at once, rank 0 alone prints
-    children: Sequence = ()  # rank processes this launching process must wait for before it exits
-    children_grace_s = 30.0
+    children_grace_s = 30.0  # for the rank processes this launching process waits for before it exits
     printed = False  # its line is already out (a stop prints it before any rank may exit)
 
-    def __init__(self, *args, children: Sequence = ()) -> None:
+    def __init__(self, *args, rank: Optional[int] = None, children: Sequence = ()) -> None:
         super().__init__(*args)
-        self.children = list(children)
+        self.rank, self.children = rank, list(children)  # rank: the global rank that raised it (None: unknown)
 
 
 class ConfigError(UserFacingError, ValueError):
@@ -51,8 +45,8 @@ class DataError(UserFacingError):
 
 
 class CheckpointError(UserFacingError, ValueError):
-    """``--ckpt_path`` names nothing that can be loaded, or a checkpoint that is truncated, damaged, does not match
-    its sha256, holds more than tensors and plain data, or would make the run import a module: not loaded."""
+    """``--ckpt_path`` names nothing loadable, or a checkpoint that is damaged, unverified, holds code or would import
+    a module: not loaded."""
     exit_code = ExitCode.CHECKPOINT
     path, reason = "", ""
 
@@ -64,8 +58,7 @@ class CheckpointError(UserFacingError, ValueError):
 
 
 class CantWriteError(UserFacingError, OSError):
-    """A folder the run must write to (logs, checkpoints) is a file or not writable, or a checkpoint could not be
-    written (nothing was replaced)."""
+    """A folder the run must write to is a file or not writable, or a checkpoint could not be written."""
     exit_code = ExitCode.CANT_CREATE
 
 
@@ -73,7 +66,6 @@ class NothingToTrain(UserFacingError):
     """``fit`` from a checkpoint that already finished (a requeued job that had completed): exit 0."""
     exit_code = ExitCode.OK
     prefix = ""
-    hint = ""
     to_stdout = True
 
 
@@ -83,40 +75,27 @@ class JobFault(UserFacingError):
     children_grace_s = 2.0
 
 
-class RunStopped(UserFacingError):
-    """Raised on every rank at the same step; rank 0 prints the line."""
-
+class TrainingDiverged(UserFacingError):
+    """Raised on every rank at the same step (runtime/divergence.py); rank 0 prints the line."""
+    exit_code = ExitCode.DIVERGED
     every_rank = False
 
-    def __init__(self, message: str, rank: int = 0, children: Sequence = ()) -> None:
-        super().__init__(message, children=children)
-        self.rank = rank
 
-
-class TrainingDiverged(RunStopped):
-    exit_code = ExitCode.DIVERGED
-
-
-class Preempted(RunStopped):
-    """A signal: stopped after a verified last.ckpt; ``exit_code`` is 143 (SIGTERM, SIGUSR1) or 130 (Ctrl-C)."""
-
+class Preempted(UserFacingError):
+    """A signal: 143 (SIGTERM, SIGUSR1) or 130 (Ctrl-C); a stop of every rank after a verified last.ckpt, rank 0 says
+    it, or (``every_rank``) a Ctrl-C where this process had no step to stop at."""
     prefix = ""
+    every_rank = False
 
-    def __init__(self, message: str, exit_code: int, rank: int = 0, children: Sequence = ()) -> None:
-        super().__init__(message, rank, children)
-        self.exit_code = exit_code
-
-
-class Interrupted(UserFacingError):
-    """Ctrl-C where there is no step to stop at (start-up, a second Ctrl-C)."""
-    exit_code = ExitCode.INTERRUPTED
-    prefix = ""
+    def __init__(self, message: str, exit_code: int, rank: Optional[int] = None, children: Sequence = (),
+                 every_rank: bool = False) -> None:
+        super().__init__(message, rank=rank, children=children)
+        self.exit_code, self.every_rank = exit_code, every_rank
 
 
 def failed_constructor(error: BaseException, classes: Dict[str, str]) -> Optional[Tuple[str, str, BaseException]]:
-    """(key, class path, the exception it raised) of the innermost constructor, in ``error`` or the exceptions it
-    was raised from (jsonargparse wraps a callback's), whose class is one of ``classes`` (key -> class path): which
-    of the config's objects raised while it was built; None when none did."""
+    """(key, class path, exception) of the innermost constructor of ``classes`` (key -> class path) that raised
+    ``error`` or an exception it was raised from (jsonargparse wraps a callback's); None when none did."""
     seen: List[BaseException] = []
     while error is not None and error not in seen:
         seen.append(error)
@@ -133,13 +112,12 @@ def failed_constructor(error: BaseException, classes: Dict[str, str]) -> Optiona
 
 
 def one_line(error: BaseException) -> str:
-    """The error's message on one line: multi-line messages from jsonargparse or Lightning are folded."""
+    """The error's message on one line."""
     return " ".join(str(error).split())
 
 
 def _without_type_dump(line: str) -> str:
-    """jsonargparse's message about a class path's argument, without the type it checked and the whole value it got
-    (``Type typing.Callable[...] expects ...: ``, ``Got value: Namespace(...)``): what is wrong stays."""
+    """jsonargparse's message about a class path's argument without its dump of the type and the whole value."""
     line = re.sub(r"Type typing\.Callable\[.*?\] expects a function or a callable class: ", "", line)
     return re.sub(r"\.? Got value: Namespace\(.*\)$", ".", line)
 
@@ -148,8 +126,7 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 
 
 def note_failed_write(what: str, error: OSError) -> None:
-    """A write on a failure path (a stop already on its way) failed: it must not raise, so it is named in the stop
-    line instead, as a note on the exception being handled (nothing happens outside one)."""
+    """A write on a failure path failed: named in the stop line, as a note on the exception being handled."""
     handled = sys.exc_info()[1]
     if handled is not None:
         handled.add_note(f"{what} not written either: {error.strerror or error}")
@@ -160,12 +137,7 @@ _VAL_CHECK_BEYOND_EPOCH = re.compile(
 
 
 def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional[UserFacingError]:
-    """The table's entry for ``error``: itself, or the user-facing error a foreign exception stands for; None for a bug.
-
-    Lightning's MisconfigurationException and jsonargparse's ArgumentError are configuration mistakes, the data's
-    own errors are data errors; a torch
-    RuntimeError that :func:`runtime.faults.describe_fault` recognises is a fault of the job.
-    """
+    """The table's entry for ``error``: itself, or the user-facing error a foreign one stands for; None for a bug."""
     if isinstance(error, UserFacingError):
         return error
     if isinstance(error, ArgumentError):
@@ -175,7 +147,7 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
     if isinstance(error, (DataNotFoundError, CorruptDataError)):
         return DataError(one_line(error))
     if isinstance(error, KeyboardInterrupt):
-        return Interrupted("interrupted (Ctrl-C)")
+        return Preempted("interrupted (Ctrl-C)", ExitCode.INTERRUPTED, every_rank=True)  # no step to stop at
     if isinstance(error, OSError) and error.errno in _DISK_FULL:  # a write of the run's: Lightning's, TensorBoard's...
         return CantWriteError(f"cannot write {error.filename or 'a file of the run'}: {error.strerror}")
     interval = _VAL_CHECK_BEYOND_EPOCH.search(one_line(error)) if isinstance(error, ValueError) else None
@@ -189,8 +161,7 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
 
 
 def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
-    """Rank processes this process launched: wait for them, SIGKILL what is left after ``timeout_s`` (a rank stuck
-    in a collective ignores SIGTERM)."""
+    """Wait for the ranks this process launched; SIGKILL those left after ``timeout_s`` (a stuck one ignores TERM)."""
     deadline = time.monotonic() + timeout_s
     for child in children:
         try:
@@ -201,8 +172,7 @@ def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
 
 
 def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
-    """The error's one line, on stderr (stdout for a run that ends well); ``notes``: writes that failed on the way
-    out (:func:`note_failed_write`)."""
+    """The error's one line on stderr (stdout for a run that ends well), with the writes that failed on the way out."""
     stream = sys.stdout if error.to_stdout else sys.stderr
     extra = "".join(f"; {note}" for note in notes)
     print(f"train.py: {error.prefix}{one_line(error)}{extra}{error.hint}", file=stream, flush=True)
@@ -212,11 +182,9 @@ def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
 def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,
              failed_alone: Callable[[], object] = lambda: None, exiting: Callable[[int], object] = lambda code: None
              ) -> int:
-    """Run ``run`` (which returns the rank processes it launched) and return the exit code: 0, or the table's code
-    after the error's one line. ``rank()``: this process's global rank, for faults that name it. ``failed_alone()``:
-    called when the failure may be this process's alone (a bug, an error every rank reports itself): under srun
-    the other tasks would wait for it (signals.end_peer_tasks). ``exiting(code)``: the line is out (a signal from then
-    on must not print a second one: signals.Handlers.exiting)."""
+    """Run ``run`` (it returns the ranks it launched) and return 0, or the table's code after the error's one line.
+    ``failed_alone()``: the failure may be this process's alone (signals.end_peer_tasks); ``exiting(code)``: the line
+    is out (signals.Handlers.exiting)."""
     try:
         wait_for(run())
         return ExitCode.OK
@@ -227,7 +195,7 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,
         if error is None:
             failed_alone()
             raise
-        if not error.printed and (error.every_rank or (error.rank if isinstance(error, RunStopped) else rank()) == 0):
+        if not error.printed and (error.every_rank or (rank() if error.rank is None else error.rank) == 0):
             print_line(error, getattr(raw, "__notes__", ()))
         exiting(int(error.exit_code))
         if error.every_rank and error.exit_code != ExitCode.OK:

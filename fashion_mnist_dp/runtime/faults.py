@@ -1,11 +1,5 @@
-"""Faults of the job, not of the training: a rank stuck or lost, a peer that never joined, a busy MASTER_PORT, a
-stalled data worker. Each ends the rank that sees it with one line and exit 75 (rerun; ``--ckpt_path last`` resumes).
-
-torch reports them as ``RuntimeError`` (gloo's timeouts and lost connections, the DataLoader's
-timeout) or its ``DistError`` subclasses; :func:`describe_fault` recognises their messages (torch 2.x,
-gloo). :class:`JobFaults` keeps the checkpoint-on-exception callbacks from starting a collective with a
-rank that is gone (docs/reliability.md).
-"""
+"""Faults of the job (a rank stuck or lost, a peer that never joined, a busy port, a stalled data worker): one line
+and exit 75 from torch's messages; docs/reliability.md, "No hang"."""
 
 import re
 from typing import Optional
@@ -91,11 +85,9 @@ def no_checkpoint_on_exception(trainer: Trainer) -> None:
 
 
 class JobFaults(Callback):
-    """On a fault of the job: no collective save on exception, stuck data workers killed, and the launching process
-    stops watching its ranks (it waits for them after its line). configs/default.yaml lists it first."""
+    """On a fault of the job: no collective save, stuck data workers killed, the launcher waits for its ranks."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Data workers that stall get SIGKILLed at exit (multiprocessing would wait forever for one)."""
         if getattr(trainer.datamodule, "num_workers", 0):
             kill_stuck_workers_at_exit()
 

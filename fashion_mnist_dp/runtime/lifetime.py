@@ -1,6 +1,5 @@
-"""Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank, and
-what a torchrun worker can tell about its restarts. Why each: docs/reliability.md, "No unbounded hang".
-"""
+"""Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
+torchrun's restarts: docs/reliability.md, "No hang"."""
 
 import atexit
 import multiprocessing
@@ -18,8 +17,7 @@ DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optional[float] = None) -> timedelta:
-    """The config's ``collective_timeout`` when given, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s (seconds,
-    > 0). A bad value raises ValueError."""
+    """``collective_timeout``, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s; ValueError unless > 0."""
     name, raw = ("collective_timeout", str(seconds)) if seconds is not None else \
         (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, ""))
     if not raw.strip():
@@ -34,8 +32,7 @@ def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optiona
 
 
 def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
-    """Give every registered ddp/fsdp strategy name ``timeout`` (Lightning's default is torch's 30 min). Idempotent;
-    a strategy given as an object in a config file keeps its own."""
+    """Give every registered ddp/fsdp strategy name ``timeout`` (else torch's 30 min)."""
     timeout = collective_timeout() if timeout is None else timeout
     for name in list(StrategyRegistry):
         entry = StrategyRegistry[name]
@@ -57,8 +54,7 @@ def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def launcher_environment(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a launcher told this process its place in a multi-node job (torchrun, SLURM's srun, or MASTER_ADDR /
-    WORLD_SIZE / NODE_RANK set by hand): without one, every node would take itself for node 0 and wait."""
+    """Whether a launcher (torchrun, srun, or variables set by hand) told this process its place among nodes."""
     return bool({"TORCHELASTIC_RUN_ID", "SLURM_PROCID", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK"} & set(environ))
 
 
@@ -75,14 +71,12 @@ def mark_launcher(environ=os.environ) -> None:
 
 
 def data_worker_timeout(timeout: timedelta) -> float:
-    """Seconds a rank waits for a batch from its workers: half the collective timeout, so the stalled rank reports
-    first."""
+    """Half the collective timeout, so the rank whose worker stalled reports first."""
     return timeout.total_seconds() / 2
 
 
 def kill_stuck_workers_at_exit() -> None:
-    """Register (once) an exit hook that SIGKILLs data workers still running; it runs before multiprocessing's own,
-    which would wait forever for a worker that ignores SIGTERM."""
+    """An exit hook (once) that SIGKILLs data workers before multiprocessing's own waits for them forever."""
     atexit.unregister(kill_data_workers)
     atexit.register(kill_data_workers)
 

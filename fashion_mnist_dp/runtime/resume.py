@@ -1,7 +1,5 @@
-"""Resume: which checkpoint ``--ckpt_path`` means (:func:`resolve`), whether it has anything left to train, and what
-Lightning does not put back: the random generators' state (:class:`RngState`, so a resumed run draws the same dropout
-masks) and the TensorBoard run (``last`` logs into the checkpoint's run folder from its step on). The decisions are
-plain functions of plain values; :func:`prepare` applies them to a trainer. Stories: docs/reliability.md."""
+"""Resume: which checkpoint ``--ckpt_path`` means, whether anything is left to train, and what Lightning does not put
+back (the generators' state, the TensorBoard run): docs/reliability.md, "Exact resume"."""
 
 import os
 import random
@@ -21,9 +19,8 @@ from fashion_mnist_dp.runtime.errors import CheckpointError, NothingToTrain, one
 
 @dataclass(frozen=True)
 class Resume:
-    """What ``--ckpt_path`` resolved to: the file to load (None: a new run), whether the run continues the
-    checkpoint's TensorBoard run, the lines to print on rank 0 (after ``train.py: ``), and the checkpoint itself
-    once the CLI has read and verified it (so :func:`prepare` does not read and hash a large file a second time)."""
+    """What ``--ckpt_path`` resolved to: the file (None: a new run), whether its TensorBoard run continues, rank 0's
+    lines, and the checkpoint once the CLI has read and verified it (read once)."""
 
     path: Optional[str] = None
     continue_run: bool = False
@@ -32,8 +29,7 @@ class Resume:
 
 
 def hpc_checkpoint(root) -> str:
-    """``--ckpt_path hpc`` as Lightning resolves it: ``<default_root_dir>/hpc_ckpt_<N>.ckpt`` with the largest N, as a
-    file path, so that it is checked (and unpickled without code) before launch like any other file."""
+    """``--ckpt_path hpc`` as Lightning resolves it (the largest N), as a file checked like any other."""
     found = {}
     for path in Path(root).glob("hpc_ckpt_*.ckpt"):
         number = path.stem[len("hpc_ckpt_"):]
@@ -47,9 +43,8 @@ def hpc_checkpoint(root) -> str:
 
 def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
             attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
-    """``last_files``: the ``last*.ckpt`` candidates; ``folders``: the checkpoint folders; ``restarts``/``attempt``:
-    torchrun's ``--max-restarts`` and this attempt's number (runtime/lifetime.py); ``elsewhere``: other experiments'
-    folders that hold a last checkpoint (named in the error when ``last`` finds none here)."""
+    """``--ckpt_path`` as a file, or a new run (docs/reliability.md, "Checkpoints" and "torchrun restarts");
+    ``elsewhere``: other experiments' folders with a last checkpoint, named when ``last`` finds none here."""
     if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
@@ -106,7 +101,7 @@ def finished_training(checkpoint: dict, max_epochs: Optional[int], max_steps: Op
 
 
 def capture() -> Dict[str, Any]:
-    """torch's, numpy's and Python's generator state, as tensors, ints and tuples (loads with weights_only=True)."""
+    """torch's, numpy's and Python's generator state as tensors, ints and tuples (loads with weights_only=True)."""
     kind, keys, position, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -129,8 +124,7 @@ def restore(state: Dict[str, Any]) -> None:
 
 
 class RngState(Callback):
-    """Saves the generators' state with every checkpoint (rank 0's: every rank is seeded and draws alike) and restores
-    it where the uninterrupted run had it: at the resumed epoch's start, or its first batch when resumed mid-epoch."""
+    """The generators' state in every checkpoint, restored where the uninterrupted run had it (docs/reliability.md)."""
 
     def __init__(self) -> None:
         self._pending: Optional[Dict[str, Any]] = None
@@ -142,8 +136,7 @@ class RngState(Callback):
         self._pending = state_dict
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Creating a DataLoader iterator draws its base seed from torch's generator; the resumed run drew it before
-        ``on_train_start`` with the seed's state, so the epoch's iterator is created again after the restore."""
+        """The epoch's iterator is created again after the restore: it drew its base seed before."""
         if self._pending is None:
             return
         restore(self._pending)
@@ -160,14 +153,6 @@ class RngState(Callback):
 # ------------------------------------------------------------------ TensorBoard run folders
 
 
-def _tensorboard_loggers(loggers) -> list:
-    return [logger for logger in loggers if isinstance(logger, TensorBoardLogger)]
-
-
-def _root(logger: TensorBoardLogger) -> str:
-    return os.path.abspath(logger.root_dir)
-
-
 class TensorBoardRun(Callback):
     """Saves the first TensorBoard logger's run folder (absolute root and version) with every checkpoint."""
 
@@ -175,20 +160,18 @@ class TensorBoardRun(Callback):
         self._logger: Optional[TensorBoardLogger] = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        loggers = _tensorboard_loggers(trainer.loggers)
-        self._logger = loggers[0] if loggers else None
+        self._logger = next((logger for logger in trainer.loggers if isinstance(logger, TensorBoardLogger)), None)
 
     def state_dict(self) -> Dict[str, Any]:
-        return {} if self._logger is None else {"root": _root(self._logger), "version": self._logger.version}
+        return {} if self._logger is None else {"root": os.path.abspath(self._logger.root_dir),
+                                                       "version": self._logger.version}
 
 
 # ------------------------------------------------------------------ for one trainer
 
 
 def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]:
-    """Apply a resolved ``--ckpt_path`` (:func:`resolve`, from the config's checkpoint folders) to ``trainer`` before
-    anything launches and return what the subcommand loads: prints the resolution's warnings on rank 0; in fit, raises
-    NothingToTrain for a finished run (its TensorBoard run was chosen in the config: cli/outputs.tensorboard_runs)."""
+    """Before launch: rank 0 prints the resolution's lines; a finished fit raises NothingToTrain; returns the path."""
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)

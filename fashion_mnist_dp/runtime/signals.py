@@ -1,24 +1,5 @@
-"""Signals: what each does at each stage of a train.py process, and the one module that installs their handlers.
-
-- SIGTERM and SLURM's SIGUSR1. During training (its validations too): noted; at the next decision point every rank
-  stops with a verified ``last.ckpt``, exit 143; SIGUSR1 under SLURM also runs ``scontrol requeue`` once. Outside
-  training (start-up, the rendezvous, ``validate``/``test``/``predict``, the test after fit): exit 143 at once, one
-  line, nothing saved.
-- SIGINT (Ctrl-C). As SIGTERM, exit 130; during training a second Ctrl-C before a stop is under way stops at once.
-- SIGUSR2, under srun: another task of the step failed. Exit 1 at once, one line, at any stage.
-- Any of these after the process printed its own error line (srun's SIGTERM while it signals its step): it ends with
-  that error's code and no second line.
-- SIGKILL from Linux when a launched rank's launcher dies (``PR_SET_PDEATHSIG``): no rank outlives its launcher;
-  one whose launcher is already gone exits 137.
-
-Once a stop is decided, every later signal belongs to it (the requeue's own SIGTERM reaches every task while rank 0
-is still printing), and no rank exits before its end (docs/running-on-clusters.md, "Preemption, step by step"); under
-``accumulate_grad_batches`` > 1 the stop waits for the optimizer step, after an epoch's last batch for the epoch's
-end. Outside training a thread woken by the signal's wakeup byte ends the process: the main thread may wait inside
-torch (the rendezvous) for the whole collective timeout. Data workers ignore all four (their rank stops them).
-Lightning's own handlers are off (its SIGTERM broadcast and SLURM save-and-requeue run inside the handler). Before
-the package is imported, train.py's first lines end an srun task on SIGUSR2 (exit 1); nothing else installs one.
-"""
+"""Signals: the one module that installs their handlers; what each does at each stage: docs/reliability.md, "Every
+signal at every stage"."""
 
 import ctypes
 import multiprocessing
@@ -59,7 +40,7 @@ def set_death_signal() -> bool:
 
 
 def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
-    """In a launched rank, be SIGKILLed when the launcher dies (Linux); exit at once if it already has. Whether set."""
+    """In a launched rank, be SIGKILLed when the launcher dies (Linux); exit at once if it already has."""
     if not is_launched_rank(environ):
         return False
     parent = os.getppid()
@@ -73,8 +54,7 @@ def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """``JOB.STEP`` when this process is one of several tasks srun started for one step, else None (the batch
-    script itself, one task, no SLURM)."""
+    """``JOB.STEP`` when this process is one of several tasks srun started for one step, else None."""
     job, step = environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_STEP_ID", "")
     if int_from(environ, "SLURM_STEP_NUM_TASKS") < 2 or not job.isdigit() or not step.isdigit():
         return None
@@ -82,10 +62,8 @@ def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 
 
 def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
-    """Under srun, a task that fails sends :data:`PEER_FAILED` to every task of its step (``scancel --signal``), and
-    ignores it itself: srun ends the other tasks only with ``--kill-on-bad-exit``, and a peer waiting for a rank 0
-    that never created the store would wait twice the collective timeout. Main thread only. The step signalled, or
-    None (not under srun, or scancel failed)."""
+    """Under srun, a failing task sends :data:`PEER_FAILED` to every task of its step (``scancel --signal``; srun ends
+    them only with ``--kill-on-bad-exit``) and ignores it itself; the step signalled, or None. Main thread only."""
     step = srun_step(environ)
     if step is None:
         return None
@@ -99,8 +77,7 @@ def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 
 
 def init_data_worker(worker_id: int) -> None:
-    """``worker_init_fn``: die with the rank; leave SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to it (it stops its
-    workers; srun's ``scancel --signal`` reaches every process of a task)."""
+    """``worker_init_fn``: die with the rank and leave the four signals to it (it stops its workers)."""
     for signum in (*SIGNALS, PEER_FAILED):
         signal.signal(signum, signal.SIG_IGN)
     rank = multiprocessing.parent_process()
@@ -109,32 +86,29 @@ def init_data_worker(worker_id: int) -> None:
 
 
 class Handlers:
-    """This process's signal state, held by its handlers (bound methods): which signals arrived (``received``, per
-    :data:`SIGNALS`), whether training runs (they wait for the next decision point), whether a stop is under way."""
+    """This process's signal state: which of :data:`SIGNALS` arrived, whether training runs, whether a stop is under
+    way, and the code of a line already printed."""
 
     def __init__(self) -> None:
         self.received = [False] * len(SIGNALS)
         self.in_training = False
         self.stopping = False
-        self.reported_exit: Optional[int] = None  # the process printed its one line and ends with this code
+        self.reported_exit: Optional[int] = None
 
     def exiting(self, code: int) -> None:
-        """The process has printed its one line and is on its way out with ``code``: a signal from now on (srun's
-        SIGTERM after another task exited) ends it with that code and no second line."""
+        """Its one line is out: a later signal (srun's SIGTERM after another task exited) ends it with ``code``."""
         self.reported_exit = code
 
     def on_signal(self, signum, frame) -> None:
-        """Note the signal for the next decision point; outside training the watching thread ends the process."""
         index = SIGNALS.index(signum)
         if signum == signal.SIGINT and self.received[index] and self.in_training and not self.stopping:
             raise KeyboardInterrupt  # second Ctrl-C: stop at once
         self.received[index] = True
 
     def on_peer_failed(self, signum, frame) -> None:
-        """Nothing here: the signal's wakeup byte makes the watching thread end the process."""
+        """Nothing: the signal's wakeup byte makes the watching thread end the process."""
 
     def install(self) -> "Handlers":
-        """Main thread only; under srun also SIGUSR2 from a failed peer."""
         for signum in SIGNALS:
             signal.signal(signum, self.on_signal)
         if srun_step() is not None:
@@ -142,8 +116,7 @@ class Handlers:
         return self
 
     def watch(self) -> Callable[[], None]:
-        """Start the thread that acts at once on a signal outside training (and on SIGUSR2 always), woken by the
-        signal's wakeup byte; returns the function that stops it."""
+        """The thread that acts at once on a signal outside training (and on SIGUSR2 always); returns its stop."""
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -178,8 +151,7 @@ def installed() -> Optional[Handlers]:
 
 @contextmanager
 def handled() -> Iterator[Handlers]:
-    """The handlers of a train.py process (runtime.guarded_process), and the ones before them back at the end (``main``
-    may run inside a caller's process)."""
+    """The handlers of a train.py process; the ones before them back at the end (``main`` may run inside a caller)."""
     previous = {signum: signal.getsignal(signum) for signum in (*SIGNALS, PEER_FAILED)}
     handlers = Handlers().install()
     stop_watching = handlers.watch()
@@ -227,8 +199,8 @@ def requeue(job_id: str) -> str:
 
 
 def last_checkpoint_path(trainer: Trainer) -> Path:
-    """Where ``--ckpt_path last`` will look: the folder of the ModelCheckpoint named ``last`` (else one with
-    ``save_last``, else the first with a folder), file ``last.ckpt``."""
+    """``last.ckpt`` where ``--ckpt_path last`` looks: the folder of the ModelCheckpoint named ``last``, else one with
+    ``save_last``, else the first."""
     callbacks = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint) and cb.dirpath]
     ranked = ([cb for cb in callbacks if cb.filename == ModelCheckpoint.CHECKPOINT_NAME_LAST]
               + [cb for cb in callbacks if cb.save_last] + callbacks)
@@ -262,9 +234,8 @@ class Preemption(Participant):
         return torch.tensor([float(x) for x in self.handlers.received], device=pl_module.device)
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
-        """Stop now, unless this point is inside another save, between two optimizer steps (accumulated gradients
-        would be lost), or after the epoch's last batch but before its end (the stop waits for the epoch's end, so
-        its checkpoint is an end-of-epoch one). The flags stay set: the ranks decide again at the next point."""
+        """Stop now, unless this point is inside a save, between two optimizer steps, or after the epoch's last batch
+        but before its end; the flags stay set for the next point."""
         flags = [any(row[i] for row in rows) for i in range(self.size)]
         if not any(flags) or point == BEFORE_SAVE or compat.between_optimizer_steps(trainer):
             return

@@ -1,17 +1,15 @@
-"""Strategies Lightning 2.x lacks, registered in Lightning's StrategyRegistry: ``dp`` (removed in Lightning 2.0) and
-``fsdp`` as FSDP2 (``fully_shard``) on GPUs and on CPU over gloo (Lightning's own ``fsdp`` is FSDP1, GPUs only)."""
+"""Strategies Lightning 2.x lacks, in its StrategyRegistry: ``dp``, and ``fsdp`` as FSDP2 (docs/strategies.md)."""
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from fashion_mnist_dp.strategies.dp import NO_GPU_MESSAGE, DataParallelStrategy
+from fashion_mnist_dp.strategies.dp import DataParallelStrategy, require_gpus
 from fashion_mnist_dp.strategies.fsdp import CPU_NAME, FullyShardedStrategy, is_fsdp, unshardable_optimizer
 
-__all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "NO_GPU_MESSAGE", "is_fsdp",
-           "register_strategies", "unshardable_optimizer"]
+__all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "is_fsdp", "register_strategies", "require_gpus",
+           "unshardable_optimizer"]
 
 
 def register_strategies() -> None:
-    """Idempotent; the CLI calls it in every process, including the ones ddp launches."""
     if "dp" not in StrategyRegistry:
         StrategyRegistry.register(
             "dp", DataParallelStrategy, description="DataParallel: one process, batch split over the visible GPUs"

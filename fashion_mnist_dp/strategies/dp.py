@@ -1,9 +1,5 @@
-"""``--strategy dp``: torch.nn.DataParallel in one process over several GPUs (Lightning 2.0 removed it).
-
-Only the forward is parallel: ``self(x)`` scatters the batch over the GPUs and gathers the logits on the
-first, so the loss, the metrics and ``self.log`` run once over the whole batch, and the module is not
-wrapped (plain checkpoints). Why, and what stays DataParallel's own: docs/strategies.md, "dp".
-"""
+"""``--strategy dp``: torch.nn.DataParallel in one process over several GPUs; only the forward is parallel, the module
+stays unwrapped (plain checkpoints). Why, and what stays DataParallel's own: docs/strategies.md, "dp"."""
 
 from typing import Any, List, Optional
 
@@ -21,10 +17,15 @@ from torch import nn
 NO_GPU_MESSAGE = "strategy dp needs CUDA GPUs (none visible); use --strategy ddp --accelerator cpu on CPU"
 
 
+def require_gpus() -> None:
+    """Before Lightning's own "No supported gpu backend found!" (the CLI calls it before the Trainer's srun warning)."""
+    if not CUDAAccelerator.is_available():
+        raise MisconfigurationException(NO_GPU_MESSAGE)
+
+
 class _Forward(nn.Module):
-    """What DataParallel replicates: the LightningModule through its class's ``forward`` (the instance's routed
-    ``forward`` would re-enter DataParallel from every replica), with the caller's autocast dtype set in the replicas'
-    threads (autocast is thread-local: bf16-mixed would otherwise run float16 there)."""
+    """The module through its class's ``forward`` (the routed one would re-enter DataParallel), under the caller's
+    autocast dtype (thread-local: the replicas' threads need it set)."""
 
     def __init__(self, module: LightningModule) -> None:
         super().__init__()
@@ -32,42 +33,26 @@ class _Forward(nn.Module):
         self.autocast_dtype: Optional[torch.dtype] = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        module = self.module
-        if self.autocast_dtype is None:
-            return type(module).forward(module, *args, **kwargs)
-        with torch.autocast("cuda", dtype=self.autocast_dtype):
-            return type(module).forward(module, *args, **kwargs)
+        with torch.autocast("cuda", dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            return type(self.module).forward(self.module, *args, **kwargs)
 
 
 class DataParallelStrategy(ParallelStrategy):
-    """One process; the LightningModule's forward runs under ``nn.DataParallel`` over ``parallel_devices``.
-
-    ``--devices 0,2`` reaches this strategy as ``parallel_devices=[cuda:0, cuda:2]``:
-    DataParallel then uses GPUs 0 and 2, gathering on cuda:0.
-    """
+    """One process; the forward runs under ``nn.DataParallel`` over ``parallel_devices`` (``--devices 0,2``: GPUs 0
+    and 2, gathered on cuda:0)."""
 
     strategy_name = "dp"
 
-    def __init__(
-        self,
-        accelerator: Optional["pl.accelerators.Accelerator"] = None,
-        parallel_devices: Optional[List[torch.device]] = None,
-        checkpoint_io: Optional[CheckpointIO] = None,
-        precision_plugin: Optional[Precision] = None,
-    ) -> None:
-        super().__init__(
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=None,
-            checkpoint_io=checkpoint_io,
-            precision_plugin=precision_plugin,
-        )
+    def __init__(self, accelerator: Optional["pl.accelerators.Accelerator"] = None,
+                 parallel_devices: Optional[List[torch.device]] = None, checkpoint_io: Optional[CheckpointIO] = None,
+                 precision_plugin: Optional[Precision] = None) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=None,
+                         checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
         self.num_nodes = 1  # the accelerator connector sets the --num_nodes value; _configure_launcher checks it
         self._data_parallel: Optional[nn.DataParallel] = None
         self._routed: Optional[tuple] = None  # (module, the forward installed on it)
 
-    # ------------------------------------------------------------------ one process, several devices
-
+    # One process, several devices (Lightning gives the strategy its cluster environment: SLURM's ranks under srun).
     @property
     def global_rank(self) -> int:
         return 0
@@ -104,24 +89,16 @@ class DataParallelStrategy(ParallelStrategy):
         """No launcher: one process. Called at the end of ``Trainer.__init__``, so a bad setup fails there."""
         self._require_cuda_devices()
         if self.num_nodes != 1:
-            raise MisconfigurationException(
-                f"strategy dp runs in one process on one machine (num_nodes={self.num_nodes}); "
-                "use --strategy ddp for several nodes"
-            )
+            raise MisconfigurationException(f"strategy dp runs in one process on one machine (num_nodes="
+                                            f"{self.num_nodes}); use --strategy ddp for several nodes")
 
     def _require_cuda_devices(self) -> None:
-        if not isinstance(self.accelerator, CUDAAccelerator) or any(
-            device.type != "cuda" for device in self.parallel_devices or []
-        ):
-            if not CUDAAccelerator.is_available():  # before Lightning's own "No supported gpu backend found!"
-                raise MisconfigurationException(NO_GPU_MESSAGE)
+        devices = self.parallel_devices or []
+        if not isinstance(self.accelerator, CUDAAccelerator) or any(device.type != "cuda" for device in devices):
+            require_gpus()
             accelerator = type(self.accelerator).__name__.replace("Accelerator", "").lower()
-            raise MisconfigurationException(
-                f"strategy dp runs on CUDA GPUs, not on accelerator {accelerator}; "
-                "drop --accelerator, or use --strategy ddp --accelerator cpu on CPU"
-            )
-
-    # ------------------------------------------------------------------ the forward route
+            raise MisconfigurationException(f"strategy dp runs on CUDA GPUs, not on accelerator {accelerator}; drop "
+                                            "--accelerator, or use --strategy ddp --accelerator cpu on CPU")
 
     def model_to_device(self) -> None:
         assert self.model is not None
@@ -160,10 +137,7 @@ class DataParallelStrategy(ParallelStrategy):
         self._restore_forward()
         super().teardown()
 
-    # ------------------------------------------------------------------ collectives of one process
-
     def reduce(self, tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        """One process: the step already saw the whole batch, so there is nothing to reduce."""
         return tensor
 
     def barrier(self, *args: Any, **kwargs: Any) -> None:

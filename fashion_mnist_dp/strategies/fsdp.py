@@ -1,10 +1,5 @@
-"""``--strategy fsdp``: FSDP2 (torch's ``fully_shard``: every parameter a DTensor sharded over the ranks) through
-Lightning's ModelParallelStrategy, on GPUs over NCCL and on CPU over gloo. Every rank is one data-parallel shard (no
-tensor parallelism), and checkpoints hold the full weights in one file, so they load in a one-process run.
-
-LARS and LAMB compute their per-layer norms on DTensors, that is over the whole layer: they train as under ddp
-(tests/test_fsdp.py). NovoGrad keeps a plain tensor beside DTensor parameters and fails: refused. docs/strategies.md.
-"""
+"""``--strategy fsdp``: FSDP2 (``fully_shard``) through Lightning's ModelParallelStrategy, on GPUs and on CPU over
+gloo, with full-weight checkpoints; NovoGrad refused: docs/strategies.md, "fsdp"."""
 
 from typing import Any, Optional
 
@@ -16,8 +11,7 @@ CPU_NAME = "fsdp_cpu"
 
 
 class FullyShardedStrategy(ModelParallelStrategy):
-    """Registered as ``fsdp`` and ``fsdp_cpu``; the LightningModule's ``configure_model`` shards its network over
-    ``device_mesh["data_parallel"]`` (Lightning's pattern for ModelParallelStrategy)."""
+    """Registered as ``fsdp`` and ``fsdp_cpu``; the module's ``configure_model`` shards over its data-parallel mesh."""
 
     strategy_name = "fsdp"
 
@@ -26,8 +20,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().__init__(**kwargs)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict:
-        """Lightning's ModelParallelStrategy unpickles the file itself: always without code (``weights_only=True``),
-        whatever the caller asks, as fashion_mnist_dp/runtime/checkpoint_io.py does for every other strategy."""
+        """Always without code (``weights_only=True``), as runtime/checkpoint_io.py loads for every other strategy."""
         return super().load_checkpoint(checkpoint_path, weights_only=True)
 
     def setup_environment(self) -> None:
@@ -38,8 +31,7 @@ class FullyShardedStrategy(ModelParallelStrategy):
 
 
 def unshardable_optimizer(optimizer_class: type) -> Optional[str]:
-    """``torch_optimizer.NovoGrad`` when ``optimizer_class`` is (or derives from) it: its state mixes plain tensors
-    with fsdp's DTensors, which torch refuses; else None."""
+    """``torch_optimizer.NovoGrad`` for it or a subclass (its plain tensors beside DTensors), else None."""
     from torch_optimizer import NovoGrad
 
     is_novograd = isinstance(optimizer_class, type) and issubclass(optimizer_class, NovoGrad)
