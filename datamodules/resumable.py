@@ -88,12 +88,11 @@ class ResumableLoader(DataLoader):
         if getattr(self.dataset, "device", order.device).type == "cuda":
             order = order.to(self.dataset.device)  # once an epoch: no index crosses the bus per step
         epoch, skipped = self.sampler.started
-        gather = getattr(self.dataset, "gather", self.dataset.__getitems__)
-        indices = order.split(self.batch_size) if len(order) else ()  # views, made once an epoch
-        if self.drop_last and indices and len(indices[-1]) < self.batch_size:
-            indices = indices[:-1]
-        for count, index in enumerate(indices, skipped // self.batch_size + 1):
-            batch = gather(index)
+        size, gather = self.batch_size, getattr(self.dataset, "gather", self.dataset.__getitems__)
+        for count, start in enumerate(range(0, len(order), size), skipped // size + 1):
+            if self.drop_last and start + size > len(order):
+                return
+            batch = gather(order[start:start + size])
             self.position = (epoch, count)
             yield [tensor.pin_memory() for tensor in batch] if self.pin_memory else batch
 
