@@ -116,6 +116,7 @@ class DivergenceGuard(Participant):
         self.monitor = monitor
         self.epochs_after_warmup = epochs_after_warmup
         self._params: List[torch.nn.Parameter] = []  # taken once the strategy has wrapped (fsdp: sharded) the model
+        self._buffer_slots: List[tuple] = []  # (name, module, attribute) of each float buffer, found once
         self._gradients_checked = True
         self._stepped = False
         self._norms: Optional[Sequence[torch.Tensor]] = None  # this batch's gradient norms, one per parameter
@@ -124,6 +125,11 @@ class DivergenceGuard(Participant):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._params = list(pl_module.parameters())
+        # Found once (walking the modules costs a decision point more than the rest of it); read at each point, so
+        # a module that replaces a buffer object is checked on the new one.
+        self._buffer_slots = [(f"{prefix}.{name}" if prefix else name, module, name)
+                              for prefix, module in pl_module.named_modules()
+                              for name, buffer in module.named_buffers(recurse=False) if buffer.is_floating_point()]
         self._first = torch.full((5,), NONE, device=pl_module.device)
         # 16-mixed: the GradScaler skips steps with inf gradients and lowers its scale; that is normal.
         self._gradients_checked = getattr(trainer.strategy.precision_plugin, "scaler", None) is None
@@ -148,7 +154,11 @@ class DivergenceGuard(Participant):
         if not window:
             return
         zero = torch.zeros((), device=device)
-        losses = torch.stack([zero if loss is None else loss.reshape(()) for _, loss, _ in window]).float()
+        losses = [zero if loss is None else loss for _, loss, _ in window]
+        try:
+            losses = torch.stack(losses).float().reshape(len(window))
+        except RuntimeError:  # not all 0-d (a loss of shape [1])
+            losses = torch.stack([loss.reshape(()) for loss in losses]).float()
         width = len(self._params)
         missing = [zero] * width
         norms = torch.stack([n for _, _, row in window for n in (missing if row is None else row)]).float() \
@@ -171,7 +181,7 @@ class DivergenceGuard(Participant):
         device = pl_module.device
         if self._first is not None:
             self._fold_window(device)
-        state = [p.detach() for p in self._params] + [b for _, b in self._float_buffers(pl_module)]
+        state = [p.detach() for p in self._params] + [getattr(module, name) for _, module, name in self._buffer_slots]
         weight_index = first_non_finite(state, device).float()
         first = self._first if self._first is not None else torch.full((5,), NONE, device=device)
         return torch.cat([first, weight_index.reshape(1), self._at_chance(trainer, pl_module, point).reshape(1)])
@@ -194,15 +204,11 @@ class DivergenceGuard(Participant):
         done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
         return min(1.0, done / total) if isinstance(total, int) and total > 0 and done else 1.0
 
-    @staticmethod
-    def _float_buffers(module: torch.nn.Module) -> list:
-        return [(name, buffer) for name, buffer in module.named_buffers() if buffer.is_floating_point()]
-
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         first, loss_nan, loss_inf, gradient_bad, gradient_index, weight_index, at_chance = merge(rows)
         if first < 0 and weight_index < 0 and not at_chance:
             return
-        names = [n for n, _ in pl_module.named_parameters()] + [n for n, _ in self._float_buffers(pl_module)]
+        names = [n for n, _ in pl_module.named_parameters()] + [name for name, _, _ in self._buffer_slots]
         now = trainer.global_step
         if first >= 0 or weight_index >= 0:
             gradient = names[int(gradient_index)] if gradient_bad and gradient_index >= 0 else None

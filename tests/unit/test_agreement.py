@@ -97,6 +97,27 @@ def test_divergence_found_later_still_names_the_step_it_began(fashion_root, tmp_
         tiny_fit(fashion_root, tmp_path, [NanGradientAt(1)], safety=6)
 
 
+class NanStatisticAt(Callback):
+    """After step ``step``, a batch-norm's running variance is replaced by a new tensor holding nan."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            norm = next(m for m in pl_module.modules() if isinstance(m, torch.nn.BatchNorm2d))
+            norm.running_var = torch.full_like(norm.running_var, math.nan)
+
+
+def test_a_non_finite_batch_norm_statistic_is_named_also_in_a_buffer_replaced_mid_fit(fashion_root, tmp_path,
+                                                                                      clean_signals):
+    """The buffers are found once, at the start, and read at each point: the new tensor is the one checked."""
+    with pytest.raises(TrainingDiverged, match=r"at optimizer step 4 \(epoch 1\): a weight or batch-norm statistic is "
+                                               r"not finite \(net\.\d+\.\d+\.running_var\); stopped on every rank at step 4"), \
+            runtime.guarded_process():
+        tiny_fit(fashion_root, tmp_path, [NanStatisticAt(3)], safety=4, network="fast_cnn")
+
+
 def test_merge_takes_the_earliest_first_step_of_any_rank():
     none = [-1.0, 0, 0, 0, -1.0, -1.0, 0]
     rank0 = [9.0, 1, 0, 0, -1.0, -1.0, 0]  # loss nan at step 9
