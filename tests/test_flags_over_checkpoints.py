@@ -3,7 +3,6 @@ the checkpoint fills in what was not given, and the start block names every diff
 ``--trainer.default_root_dir``."""
 
 import pytest
-import torch
 
 from tests.conftest import experiment_dir, run_train
 

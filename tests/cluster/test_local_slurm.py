@@ -1,10 +1,8 @@
 """The SLURM tier's own guarantees: in CI it cannot skip silently, and the cluster it starts is gone afterwards,
 even when starting fails half-way or a job leaves a process behind."""
 
-import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 

@@ -10,7 +10,6 @@ from lightning.pytorch import Callback
 from callbacks import WeightEMA
 from callbacks.weight_ema import LIVE_KEY
 from tests.host_reads import READS
-from tests.unit.conftest import tiny_fit
 
 
 def weights(module):
