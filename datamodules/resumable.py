@@ -88,7 +88,7 @@ class ResumableLoader(DataLoader):
         if getattr(self.dataset, "device", order.device).type == "cuda":
             order = order.to(self.dataset.device)  # once an epoch: no index crosses the bus per step
         epoch, skipped = self.sampler.started
-        size, gather = self.batch_size, getattr(self.dataset, "gather", self.dataset.__getitems__)
+        size, gather = self.batch_size, self.dataset.__getitems__
         for count, start in enumerate(range(0, len(order), size), skipped // size + 1):
             if self.drop_last and start + size > len(order):
                 return
