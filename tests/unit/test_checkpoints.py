@@ -1,7 +1,11 @@
 """callbacks.checkpoints.ModelCheckpoint: Lightning's, with the same state key (checkpoints load in both), made once
-(Lightning asks for it at every hook call)."""
+(Lightning asks for it at every hook call), and saving at the same steps."""
 
-from lightning.pytorch import callbacks
+from datetime import timedelta
+
+import pytest
+from lightning.pytorch import Trainer, callbacks
+from lightning.pytorch.demos.boring_classes import BoringModel
 
 from callbacks.checkpoints import ModelCheckpoint
 
@@ -15,3 +19,19 @@ def test_the_state_key_is_lightnings_and_is_formatted_once(monkeypatch):
                         lambda self, **kwargs: formatted.append(kwargs) or generate(self, **kwargs))
     keys = {ours.state_key for _ in range(12)}
     assert keys == {callbacks.ModelCheckpoint(**settings).state_key} and len(formatted) == 2  # ours once, Lightning's once
+
+
+@pytest.mark.parametrize("settings", [{}, {"every_n_train_steps": 2}, {"train_time_interval": timedelta(0)}],
+                         ids=["epochs only", "every 2 steps", "every step by time"])
+def test_it_saves_at_the_steps_lightnings_saves_at(tmp_path, settings):
+    """Its batch-end hook is skipped only where Lightning's finds nothing to do: the same files, in any setting."""
+    saved = {}
+    for name, kind in (("ours", ModelCheckpoint), ("lightning", callbacks.ModelCheckpoint)):
+        folder = tmp_path / name
+        checkpoint = kind(dirpath=folder, filename="{epoch}-{step}", save_top_k=-1, **settings)
+        trainer = Trainer(default_root_dir=folder, max_epochs=2, limit_train_batches=5, limit_val_batches=1,
+                          callbacks=[checkpoint], logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, accelerator="cpu", devices=1)
+        trainer.fit(BoringModel())
+        saved[name] = sorted(path.name for path in folder.glob("*.ckpt"))
+    assert saved["ours"] == saved["lightning"] and len(saved["ours"]) >= 2

@@ -22,6 +22,7 @@ def required() -> list:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+    from lightning.pytorch.trainer.connectors.data_connector import _DataHookSelector
     from lightning.fabric.plugins.environments import LightningEnvironment
     from torch.distributed.fsdp import FSDPModule
     from torch.utils.tensorboard import SummaryWriter
@@ -34,6 +35,9 @@ def required() -> list:
         (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
         (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
         (trainer.fit_loop, "_data_fetcher"),
+        (trainer, "_data_connector"), (trainer._data_connector, "_datahook_selector"),
+        (_DataHookSelector, "_valid_hooks"), (_DataHookSelector, "get_instance"),
+        (ModelCheckpoint(), "_every_n_train_steps"), (ModelCheckpoint(), "_train_time_interval"),
         (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
         (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"), (FSDPModule, "_get_fsdp_state"),
@@ -88,3 +92,35 @@ def test_no_line_of_the_harness_is_over_120_characters():
     long = [f"{path.relative_to(REPO)}:{number}" for path in (REPO / "fashion_mnist_dp").rglob("*.py")
             for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 120]
     assert long == []
+
+
+def test_each_batch_hook_still_runs_once_a_batch_from_its_owner_when_the_owners_are_asked_once():
+    """compat.ask_batch_hook_owners_once (ThroughputReport, at train start): the model's own hook and the
+    datamodule's run as Lightning would run them, once a batch."""
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+    from lightning.pytorch import Callback
+
+    from fashion_mnist_dp.runtime import compat
+
+    ran = []
+
+    class Model(BoringModel):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            ran.append("model: before")
+            return batch
+
+    class Data(BoringDataModule):
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            ran.append("data: after")
+            return batch
+
+    class AskOnce(Callback):
+        def on_train_start(self, trainer, pl_module):
+            compat.ask_batch_hook_owners_once(trainer)
+            ran.clear()
+
+    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, callbacks=[AskOnce()], logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                      accelerator="cpu", devices=1)
+    trainer.fit(Model(), datamodule=Data())
+    assert ran == ["model: before", "data: after"] * 3
