@@ -25,6 +25,26 @@ from lightning_modules.optim import check_optimizer, param_groups
 NUM_CLASSES = 10
 
 
+class LossWindow:
+    """Step losses since a point, kept as they came (no device op, no host read per step) and summed when asked: the
+    mean of a window is one stack on the device. A long window is folded into one sum (bounded memory)."""
+
+    __slots__ = ("losses", "count")
+
+    def __init__(self) -> None:
+        self.losses: List[torch.Tensor] = []
+        self.count = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.losses.append(loss)
+        self.count += 1
+        if len(self.losses) >= 1024:
+            self.losses = [torch.stack(self.losses).sum()]
+
+    def mean(self) -> torch.Tensor:
+        return torch.stack(self.losses).sum() / self.count
+
+
 def check_network(network: nn.Module) -> None:
     """The contract of every network: a batch of ``[B, 1, 28, 28]`` images in, ``[B, 10]`` logits out. Checked when
     the module is built, before any sharding, on every rank alike (no collective, so no rank can be left waiting):
@@ -112,7 +132,8 @@ class FashionMNISTClassifier(LightningModule):
         self.batch_plan: Optional[BatchPlan] = None  # set when fit configures the optimizer
         self.learning_rates: Optional[LearningRates] = None
         self.start_notes: List[str] = []  # extra lines for the start block (the CLI's checkpoint overrides)
-        self._loss_window: tuple = ([], 0, None)  # train/loss since it was last logged: (losses, count, step logged at)
+        self._loss_window = LossWindow()  # train/loss since it was last logged
+        self._loss_logged_at: Optional[int] = None  # the step it was logged at
 
     def configure_model(self) -> None:
         """Under ``--strategy fsdp`` (a ModelParallelStrategy: Lightning gives the module a ``device_mesh``) FSDP2
@@ -155,18 +176,13 @@ class FashionMNISTClassifier(LightningModule):
         every = trainer.log_every_n_steps
         if not every:
             return
-        step = trainer.global_step
-        losses, count, logged_at = self._loss_window
-        if logged_at is not None and logged_at != step:  # logged at an earlier step: a new window
-            losses, count, logged_at = [], 0, None
-        losses.append(loss.detach())
-        count += 1
-        if len(losses) >= 1024:  # a long window: bounded memory
-            losses = [torch.stack(losses).sum()]
+        step, window = trainer.global_step, self._loss_window
+        if self._loss_logged_at is not None and self._loss_logged_at != step:  # logged at an earlier step: a new window
+            window.losses, window.count, self._loss_logged_at = [], 0, None
+        window.add(loss.detach())
         if (step + 1) % every == 0 or trainer.should_stop or trainer.fast_dev_run:
-            self.log("train/loss", torch.stack(losses).sum() / count, on_step=True, on_epoch=False)
-            logged_at = step  # accumulated micro-batches of this step log again
-        self._loss_window = (losses, count, logged_at)
+            self.log("train/loss", window.mean(), on_step=True, on_epoch=False)
+            self._loss_logged_at = step  # accumulated micro-batches of this step log again
 
     def evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
         """Logits for evaluation: with ``flip_test_time``, the mean over each image and its mirror image."""

@@ -20,6 +20,8 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from lightning_modules.classifier import LossWindow
+
 TRAIN_STEP = "train_step"
 VALIDATION = "validation_end"
 EPOCH_END = "train_epoch_end"
@@ -121,24 +123,20 @@ class TrainingLoss(Participant):
 
     def __init__(self) -> None:
         self.latest: Optional[float] = None
-        self._losses: List[torch.Tensor] = []  # since the last point, as they came (no device op per step)
-        self._steps = 0
+        self._window = LossWindow()  # since the last point
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # Lightning's detached copy
         if torch.is_tensor(loss):
-            self._losses.append(loss.float())
-            self._steps += 1
-            if len(self._losses) >= 1024:  # no decision point for that long (no Agreement): bounded memory
-                self._losses = [torch.stack(self._losses).sum()]
+            self._window.add(loss.float())
 
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
-        if not self._steps:
+        if not self._window.count:
             return torch.full((1,), math.nan, device=pl_module.device)
-        return (torch.stack(self._losses).sum() / self._steps).reshape(1).to(pl_module.device)
+        return self._window.mean().reshape(1).to(pl_module.device)
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         means = [row[0] for row in rows if not math.isnan(row[0])]
         if means:
             self.latest = sum(means) / len(means)
-        self._losses, self._steps = [], 0
+        self._window = LossWindow()
