@@ -51,14 +51,14 @@ def first_non_finite(tensors: Sequence[Optional[torch.Tensor]], device: Optional
     return torch.where(bad.any(), bad.int().argmax(), -1)
 
 
-def gradient_norms(params: Sequence[torch.nn.Parameter], device: torch.device) -> Sequence[torch.Tensor]:
+def gradient_norms(params: Sequence[torch.nn.Parameter]) -> Sequence[torch.Tensor]:
     """Each parameter's gradient 2-norm (:func:`tensor_norms`), as the scalars one fused ``_foreach_norm`` returns
     (stacked at the decision point, not per step). float32 gradients take the fast path (asking for a float32 result
     costs a copy); others, e.g. bf16-true, are normed in float32 so a finite gradient cannot overflow."""
     grads = [p.grad for p in params]
     if all(type(g) is torch.Tensor and g.dtype is torch.float32 for g in grads):  # the common case: one call
         return torch._foreach_norm(grads, 2)
-    return list(tensor_norms(grads, device).unbind())
+    return list(tensor_norms(grads, params[0].device).unbind())
 
 
 def past_warmup(epochs_done: float, warmup_epochs: float, epochs_after_warmup: float) -> bool:
@@ -137,7 +137,7 @@ class DivergenceGuard(Participant):
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
         self._stepped = True
         if self._gradients_checked:
-            self._norms = gradient_norms(self._params, pl_module.device)
+            self._norms = gradient_norms(self._params)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         """Keep this batch's loss and gradient norms for the next decision point: no device op, no host read."""
