@@ -94,6 +94,7 @@ def test_no_line_of_the_harness_is_over_120_characters():
     assert long == []
 
 
+@pytest.mark.filterwarnings("ignore:You have overridden `on_before_batch_transfer`")  # Lightning's, as meant here
 def test_each_batch_hook_still_runs_once_a_batch_from_its_owner_when_the_owners_are_asked_once():
     """compat.ask_batch_hook_owners_once (ThroughputReport, at train start): the model's own hook and the
     datamodule's run as Lightning would run them, once a batch."""
