@@ -300,3 +300,17 @@ def test_a_rendezvous_address_that_does_not_resolve_ends_the_rank_at_once_with_o
         "train.py: error: the rendezvous address fmn-nowhere.invalid (MASTER_ADDR) does not resolve on this host: set "
         "MASTER_ADDR to the IP address of rank 0's node, or make fmn-nowhere.invalid resolve here (DNS, /etc/hosts)"]
     assert "Traceback" not in result.stderr
+
+
+def test_main_destroys_the_process_group_it_made_before_the_interpreter_exits(workdir, fashion_root):
+    """Left to the interpreter's exit, gloo's worker threads can abort a rank ("terminate called without an active
+    exception": exit -6 instead of the decided code, seen under load in tests/test_divergence.py)."""
+    import torch.distributed
+
+    from fashion_mnist_dp.cli import app
+
+    args = ["--strategy", "ddp", "--devices", "1", "--accelerator", "cpu", "--network", "mlp", "--epochs", "1",
+            "--data_dir", str(fashion_root), "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+            "--test_after_fit", "false"]
+    assert app.main(args) == 0
+    assert not torch.distributed.is_initialized()

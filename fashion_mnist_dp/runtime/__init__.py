@@ -10,7 +10,7 @@ from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agre
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.divergence import DivergenceGuard
 from fashion_mnist_dp.runtime.faults import JobFaults
-from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, mark_launcher
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, mark_launcher, release_process_group
 from fashion_mnist_dp.runtime.signals import (PEER_FAILED, SIGNALS, Handlers, Preemption, die_with_parent,
                                               end_peer_tasks, handled)
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
@@ -41,13 +41,17 @@ def safety_off(trainer: Trainer) -> List[str]:
 
 @contextmanager
 def guarded_process() -> Iterator[Handlers]:
-    """A train.py process's start, undone when ``main`` returns: a rank dies with its launcher; signal handlers."""
+    """A train.py process's start, undone when ``main`` returns: a rank dies with its launcher; signal handlers; the
+    process group released while the interpreter is whole."""
     die_with_parent()
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
     mark_launcher()
     try:
         with handled() as handlers:
-            yield handlers
+            try:
+                yield handlers
+            finally:
+                release_process_group()  # under the handlers: a signal now ends the process with its code
     finally:
         if launcher_pid is None:
             os.environ.pop(LAUNCHER_PID_ENV, None)

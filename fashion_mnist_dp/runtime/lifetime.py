@@ -8,6 +8,7 @@ import signal
 from datetime import timedelta
 from typing import Mapping, Optional
 
+import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, StrategyRegistry
 
 TIMEOUT_ENV = "FASHION_MNIST_COLLECTIVE_TIMEOUT"
@@ -73,6 +74,17 @@ def mark_launcher(environ=os.environ) -> None:
 def data_worker_timeout(timeout: timedelta) -> float:
     """Half the collective timeout, so the rank whose worker stalled reports first."""
     return timeout.total_seconds() / 2
+
+
+def release_process_group() -> None:
+    """Destroy the default process group while the interpreter is whole: left to its exit, gloo's worker threads can
+    abort the process ("terminate called without an active exception", pytorch/pytorch#190489), and a rank's exit
+    code became -6. Lightning destroys it at exit for NCCL only."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        try:
+            torch.distributed.destroy_process_group()
+        except RuntimeError:  # on the way out after a fault: the exit code and its line stand
+            pass
 
 
 def kill_stuck_workers_at_exit() -> None:
