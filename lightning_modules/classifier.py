@@ -176,9 +176,10 @@ class FashionMNISTClassifier(LightningModule):
         every = trainer.log_every_n_steps
         if not every:
             return
-        step, window = trainer.global_step, self._loss_window
+        step = trainer.global_step
         if self._loss_logged_at is not None and self._loss_logged_at != step:  # logged at an earlier step: a new window
-            window.losses, window.count, self._loss_logged_at = [], 0, None
+            self._loss_window, self._loss_logged_at = LossWindow(), None
+        window = self._loss_window
         window.add(loss.detach())
         if (step + 1) % every == 0 or trainer.should_stop or trainer.fast_dev_run:
             self.log("train/loss", window.mean(), on_step=True, on_epoch=False)

@@ -28,7 +28,8 @@ def batch_limits_count_first(parser) -> None:
 
 def ask_batch_hook_owners_once(trainer: Trainer) -> None:
     """Which object (datamodule or model) runs each batch-transfer hook, decided now: Lightning asks again at each of
-    a batch's three hooks (six ``is_overridden`` calls, ~20 µs of host time a step). Its warnings come out here."""
+    a batch's three hooks (six ``is_overridden`` calls a step: host time, docs/benchmarks.md). Its warnings come out
+    here."""
     selector = trainer._data_connector._datahook_selector
     if selector is not None:
         owners = {hook: selector.get_instance(hook) for hook in selector._valid_hooks}
