@@ -41,7 +41,8 @@ class TestPictures(Callback):
         if trainer.is_global_zero and len(self._wrong) < self.misclassified:  # test-time reads, until there are enough
             wrong = (predicted != targets).nonzero().flatten()[: self.misclassified - len(self._wrong)]
             labels = torch.stack([targets[wrong], predicted[wrong]], dim=1).tolist()
-            self._wrong += [(image, true, guess) for image, (true, guess) in zip(images[wrong, 0].float().cpu(), labels)]
+            self._wrong += [(image, true, guess)
+                            for image, (true, guess) in zip(images[wrong, 0].float().cpu(), labels)]
 
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         matrix = self._matrix.compute()  # synced over ranks by torchmetrics: every rank takes part

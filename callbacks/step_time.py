@@ -137,7 +137,8 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
     estimated = not same_clock or any(math.isnan(a) and math.isfinite(s) for e in epochs
                                       for a, s in zip(e.arrivals, e.spans))
     return Breakdown(
-        ranks=ranks, step_std_s=[e.step_std_s for e in epochs], slowest_rank=slowest, slowest_lead=busy[slowest] / median - 1 if median > 0 else 0.0,
+        ranks=ranks, step_std_s=[e.step_std_s for e in epochs], slowest_rank=slowest,
+        slowest_lead=busy[slowest] / median - 1 if median > 0 else 0.0,
         hidden_share=overlapped / (overlapped + comm) if steps and overlapped + comm > 0 else None,
         gradient_bytes=grad_bytes, buckets=max((e.buckets for e in epochs), default=0), algbw_gbps=algbw,
         busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=estimated)

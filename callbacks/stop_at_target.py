@@ -1,4 +1,5 @@
-"""Stop training once validation accuracy has reached a target for ``patience`` consecutive epochs (the DLI course's rule).
+"""Stop training once validation accuracy has reached a target for ``patience`` consecutive epochs (the DLI course's
+rule).
 
 Lightning's ``EarlyStopping`` cannot express this: its ``stopping_threshold`` stops at the
 first epoch that reaches the threshold, and its ``patience`` counts epochs *without

@@ -260,7 +260,8 @@ class ThroughputReport(Callback):
         callbacks = list(trainer.callbacks)
         reports, name = [c for c in callbacks if isinstance(c, ThroughputReport)], type(user).__name__
         if not reports:
-            raise MisconfigurationException(f"{name} needs callbacks.ThroughputReport in trainer.callbacks (its training time)")
+            raise MisconfigurationException(f"{name} needs callbacks.ThroughputReport in trainer.callbacks "
+                                            "(its training time)")
         if callbacks.index(reports[0]) > callbacks.index(user):
             raise MisconfigurationException(f"put callbacks.ThroughputReport before {name} in trainer.callbacks")
         return reports[0]

@@ -205,8 +205,9 @@ class FashionMNISTDataModule(LightningDataModule):
         return per_device * getattr(trainer.strategy, "devices_per_process", 1) if trainer is not None else per_device
 
     def train_dataloader(self) -> DataLoader:
-        """Disjoint shards of one DistributedSampler order for every world size (also 1), reshuffled each epoch: step i of
-        N ranks at batch B trains on the images of step i of one process at N×B. The loader's position is checkpointed."""
+        """Disjoint shards of one DistributedSampler order for every world size (also 1), reshuffled each epoch: step i
+        of N ranks at batch B trains on the images of step i of one process at N×B. The loader's position is
+        checkpointed."""
         world_size, rank = self._world()
         virtual = self.virtual_devices
         sampler = ResumableDistributedSampler(self.train_set, num_replicas=world_size * virtual, rank=rank * virtual,
@@ -226,8 +227,8 @@ class FashionMNISTDataModule(LightningDataModule):
         return loader if isinstance(loader, ResumableLoader) and loader.resumable else None
 
     def state_dict(self) -> Dict[str, Any]:
-        """The training loader's position, saved with every checkpoint: Lightning gives its own copy back only to a loader
-        it creates after restoring, and ``estimated_stepping_batches`` creates ours before."""
+        """The training loader's position, saved with every checkpoint: Lightning gives its own copy back only to a
+        loader it creates after restoring, and ``estimated_stepping_batches`` creates ours before."""
         loader = self._fitted_train_loader()
         return {"train_position": loader.state_dict()} if loader is not None else {}
 

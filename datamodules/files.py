@@ -93,7 +93,8 @@ def _fail(path: Path, problem: str, hint: str = REPAIR_HINT) -> CorruptDataError
 
 
 def read_header(path: Path, ndim: int) -> Tuple[int, ...]:
-    """The dimensions in an IDX header of unsigned bytes with ``ndim`` dimensions; checks the file's size against them."""
+    """The dimensions in an IDX header of unsigned bytes with ``ndim`` dimensions; checks the file's size against
+    them."""
     try:
         size = os.stat(path).st_size
         with open(path, "rb") as f:

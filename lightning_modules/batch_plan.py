@@ -1,5 +1,6 @@
-"""The batch plan: every batch number of a run, computed once when fit configures its optimizer, read by the learning-rate
-policy, the start block, the hyperparameters and the throughput report (README, "Batch size and learning rate")."""
+"""The batch plan: every batch number of a run, computed once when fit configures its optimizer, read by the
+learning-rate policy, the start block, the hyperparameters and the throughput report (README, "Batch size and
+learning rate")."""
 
 import math
 import re
@@ -59,7 +60,8 @@ class BatchPlan:
             trainer.fit_loop.setup_data()  # also for max_epochs -1, where Lightning's estimate skips it
         batches, accumulate = trainer.num_training_batches, trainer.accumulate_grad_batches
         total = trainer.estimated_stepping_batches
-        return cls(batch_size_per_device=int(batch_size),  # plain ints: PositiveInt would reach hparams.yaml as an object
+        # plain ints: PositiveInt would reach hparams.yaml as an object
+        return cls(batch_size_per_device=int(batch_size),
                    devices_per_process=int(getattr(trainer.strategy, "devices_per_process", 1)),
                    devices=int(trainer.num_devices), virtual_devices=int(virtual_devices),
                    num_nodes=int(trainer.num_nodes), world_size=int(trainer.world_size),

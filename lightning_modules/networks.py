@@ -73,7 +73,8 @@ class MLP(nn.Sequential):
     how it is split over devices (the ddp-equivalence tests); ~85 % in 1 epoch."""
 
     def __init__(self, num_classes: int = 10, hidden: int = 256) -> None:
-        super().__init__(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, num_classes))
+        super().__init__(nn.Flatten(), nn.Linear(28 * 28, hidden), nn.ReLU(inplace=True),
+                         nn.Linear(hidden, num_classes))
 
 
 class _WideBlock(nn.Module):
