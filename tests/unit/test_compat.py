@@ -7,7 +7,6 @@ import lightning
 import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = [p for folder in ("fashion_mnist_dp", "callbacks", "datamodules", "lightning_modules")
@@ -29,7 +28,6 @@ def required() -> list:
 
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False)
-    logger = TensorBoardLogger(save_dir="unused-never-written")
     launcher = _SubprocessScriptLauncher(LightningEnvironment(), num_processes=2, num_nodes=1)
     return [
         (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
