@@ -161,7 +161,6 @@ class ThroughputReport(Callback):
             step_marks.time_before_setup(self.timer, trainer.strategy)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        compat.ask_batch_hook_owners_once(trainer)  # host time: Lightning would ask at every batch
         if self.timer is not None:
             step_marks.time_after_setup(self.timer, trainer.strategy, pl_module)
         if trainer.is_global_zero:

@@ -151,7 +151,8 @@ BAD_VALUES = [
     (["--optimizer", "user_classes.RefusingOptimizer"],
      "model.optimizer user_classes.RefusingOptimizer cannot be built: ZeroDivisionError: division by zero"),
     (["--trainer.callbacks+=user_classes.RefusingCallback"],
-     "trainer.callbacks.17 user_classes.RefusingCallback cannot be built: AssertionError: not today"),
+     f"trainer.callbacks.{len(yaml.safe_load(train.DEFAULT_CONFIG.read_text())['trainer']['callbacks'])} "  # appended
+     "user_classes.RefusingCallback cannot be built: AssertionError: not today"),
     (["--check_every_n_steps", "0"], "check_every_n_steps"),
     (["--config", "missing.yaml"], "File does not exist"),
     (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),

@@ -2,6 +2,7 @@
 
 import ast
 from pathlib import Path
+from types import ModuleType
 
 import lightning
 import pytest
@@ -18,7 +19,9 @@ CHECKED_AGAINST = "2.6.6"
 
 def required() -> list:
     """(owner, attribute) pairs compat.py and the strategies' overridden hooks rely on, as of CHECKED_AGAINST."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+    from lightning.pytorch.trainer import call
     from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
     from lightning.pytorch.trainer.connectors.data_connector import _DataHookSelector
@@ -43,12 +46,13 @@ def required() -> list:
         (ModelParallelStrategy(), "_tensor_parallel_size"),
         # A hook fashion_mnist_dp/strategies/ overrides: dp's one-process launcher check.
         (ParallelStrategy, "_configure_launcher"),
+        (call, "_call_callback_hooks"), (BoringModel(), "_current_fx_name"),
     ]
 
 
 def missing(pairs) -> list:
     """The pairs' attributes this Lightning lacks, as ``Owner.attribute`` names."""
-    return [f"{owner.__name__ if isinstance(owner, type) else type(owner).__name__}.{name}"
+    return [f"{owner.__name__ if isinstance(owner, (type, ModuleType)) else type(owner).__name__}.{name}"
             for owner, name in pairs if not hasattr(owner, name)]
 
 
@@ -96,7 +100,7 @@ def test_no_line_of_non_test_python_is_over_120_characters():
 
 @pytest.mark.filterwarnings("ignore:You have overridden `on_before_batch_transfer`")  # Lightning's, as meant here
 def test_each_batch_hook_still_runs_once_a_batch_from_its_owner_when_the_owners_are_asked_once():
-    """compat.ask_batch_hook_owners_once (ThroughputReport, at train start): the model's own hook and the
+    """compat.ask_batch_hook_owners_once (LeanDispatch, at train start): the model's own hook and the
     datamodule's run as Lightning would run them, once a batch."""
     from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
     from lightning.pytorch import Callback
