@@ -4,12 +4,14 @@
     ... --accelerator gpu --network cnn --batch_size 512 --precision bf16-mixed   # the same rows on a GPU (P1)
 
 With ``lightning_modules.networks.MLP`` of 8 hidden units (6.4 K parameters), batch 128, one thread, what is left of
-a step is host work: the regime of a small model's GPU step, whose time is bound by the Python around it. Four rows,
+a step is host work: the regime of a small model's GPU step, whose time is bound by the Python around it. Five rows,
 each in its own process, run in interleaved order (a, b, c, d, then d, c, b, a, ...), medians of the repeats:
 
   bare:       a PyTorch loop (forward, loss, backward, SGD step) over batches already in memory;
   lightning:  the same in a minimal LightningModule under a plain ``Trainer`` (no logger, checkpoint, bar, summary);
   reference:  the same + 20 no-op callbacks (as many as a default run lists) + a ``CSVLogger``;
+  lean reference: the same + ``callbacks.LeanDispatch``, which train.py's config lists: what train.py's own
+              per-step work costs beyond Lightning's, with the dispatch of no-op hooks skipped in both;
   train.py:   ``python train.py --network mlp --model.network.init_args.hidden 8`` (configs/default.yaml, every
               callback on), on the Fashion-MNIST files of ``$FASHION_MNIST_DIR``.
 
@@ -37,7 +39,7 @@ from benchmarks.tables import markdown_table, median_range
 
 HIDDEN, SKIP, STEPS, EPOCH, TRAIN_IMAGES = 8, 20, 400, 1, 60000
 SUB_WINDOW = 50  # steps: each holds one decision point (check_every_n_steps) and one log step
-ROWS = ("bare", "lightning", "reference", "train.py")
+ROWS = ("bare", "lightning", "reference", "lean reference", "train.py")
 GOAL = 1.25  # train.py / reference, the goal
 DEFAULT_SETTING = {"network": "mlp8", "batch_size": 128, "accelerator": "cpu", "precision": "32-true"}
 
@@ -181,7 +183,7 @@ def run_bare() -> None:
             optimizer.step()
 
 
-def run_lightning(reference: bool) -> None:
+def run_lightning(reference: bool, lean: bool) -> None:
     import torch
     import torch.nn.functional as F
     from lightning.pytorch import LightningModule, Trainer
@@ -202,6 +204,10 @@ def run_lightning(reference: bool) -> None:
     torch.manual_seed(0)
     chosen = setting()
     callbacks: List[Callback] = [StepWindow()] + ([Callback() for _ in range(20)] if reference else [])
+    if lean:
+        from callbacks import LeanDispatch
+
+        callbacks.append(LeanDispatch())
     with tempfile.TemporaryDirectory() as logs:
         trainer = Trainer(accelerator=chosen["accelerator"], devices=1, precision=chosen["precision"],
                           max_epochs=EPOCH + 1, callbacks=callbacks,
@@ -283,13 +289,13 @@ def main(argv=None) -> int:
                         "earlier commit; this file is copied into its benchmarks/): the row 'train.py before'")
     parser.add_argument("--profile", action="store_true", help="also profile train.py's window once")
     parser.add_argument("--profile_dump", help="keep the profile in this file (pstats)")
-    parser.add_argument("--row", choices=ROWS[:3], help=argparse.SUPPRESS)  # a child process: one row
+    parser.add_argument("--row", choices=ROWS[:4], help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args(argv)
     if args.row == "bare":
         run_bare()
         return 0
     if args.row:
-        run_lightning(reference=args.row == "reference")
+        run_lightning(reference=args.row.endswith("reference"), lean=args.row == "lean reference")
         return 0
     if "FASHION_MNIST_DIR" not in os.environ:
         raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
@@ -324,6 +330,9 @@ def main(argv=None) -> int:
         ratio = statistics.median(times["train.py"]) / reference
         print(f"train.py / reference: {ratio:.2f} (goal <= {GOAL}); in CPU time "
               f"{statistics.median(cpu['train.py']) / reference_cpu:.2f}")
+    if "lean reference" in times and "train.py" in times:
+        lean = statistics.median(times["train.py"]) / statistics.median(times["lean reference"])
+        print(f"train.py / lean reference: {lean:.2f} (train.py's own per-step work beyond Lightning's)")
     if args.profile:
         with tempfile.TemporaryDirectory() as folder:
             profile = Path(folder) / "train.prof"
