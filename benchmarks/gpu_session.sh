@@ -47,8 +47,8 @@ for stage in "${@:-tests}"; do
                 limit 70 python3 -m benchmarks.host_time --accelerator gpu --network cnn --batch_size $batch \
                     --precision $precision --rows bare,train.py --repeats 2 2>&1 | tail -7 | tee -a "$out/p1.txt"
             done; done
-            limit 100 python3 -m benchmarks.host_time --accelerator gpu --repeats 2 2>&1 | tail -9 \
-                | tee -a "$out/p1.txt" ;;
+            limit 100 python3 -m benchmarks.host_time --accelerator gpu --repeats 2 \
+                --rows bare,lightning,reference,train.py 2>&1 | tail -9 | tee -a "$out/p1.txt" ;;
         windows) for precision in 32-true bf16-mixed; do
                      limit 120 python3 -m benchmarks.breakdown_windows --accelerator gpu --precision $precision \
                          --timeout 110 2>&1 | tail -2 | tee -a "$out/windows.txt"
