@@ -70,13 +70,14 @@ def _call_overridden_hooks(trainer: Trainer, hook_name: str, *args: Any, monitor
     if not plan:
         return
     pl_module = trainer.lightning_module
-    if pl_module:
-        previous, pl_module._current_fx_name = pl_module._current_fx_name, hook_name
+    if pl_module:  # object's __setattr__, as Lightning's result collection does: nn.Module's checks are host time
+        previous = pl_module._current_fx_name
+        object.__setattr__(pl_module, "_current_fx_name", hook_name)
     for callback, label in plan:
         with trainer.profiler.profile(label):
-            getattr(callback, hook_name)(trainer, trainer.lightning_module, *args, **kwargs)
+            getattr(callback, hook_name)(trainer, pl_module, *args, **kwargs)
     if pl_module:
-        pl_module._current_fx_name = previous
+        object.__setattr__(pl_module, "_current_fx_name", previous)
 
 
 def _plan(trainer: Trainer, hook_name: str, monitoring_callbacks: Optional[bool]) -> list:
