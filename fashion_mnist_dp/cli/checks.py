@@ -20,13 +20,11 @@ DEVICES_KEY = "trainer.devices (--devices)"
 
 def parse_devices(devices: Union[int, str, Sequence[int], None]):
     """``int``, ``"auto"``, or a list of GPU indices, from what the config holds."""
-    if devices is None:
-        return "auto"
     if isinstance(devices, (list, tuple)):
         return [int(d) for d in devices]
     if isinstance(devices, int):
         return devices
-    text = str(devices).strip()
+    text = "auto" if devices is None else str(devices).strip()
     if text == "auto":
         return "auto"
     if text.lstrip("-").isdigit():
@@ -97,8 +95,7 @@ def resolved_accelerator(accelerator) -> Optional[str]:
     cuda = torch.cuda.is_available()
     accelerator = accelerator.lower()
     if accelerator == "auto":
-        mps = getattr(torch.backends, "mps", None)
-        return "cuda" if cuda else "mps" if mps is not None and mps.is_available() else "cpu"
+        return "cuda" if cuda else "mps" if torch.backends.mps.is_available() else "cpu"
     return "cuda" if accelerator == "gpu" and cuda else accelerator
 
 
@@ -119,9 +116,8 @@ def check_config(config) -> None:
     if trainer.strategy == "fsdp" and accelerator == "cpu":
         trainer.strategy = CPU_NAME  # the same FSDP2 strategy: Lightning refuses the name fsdp on CPU
     optimizer = getattr(config.model.optimizer, "class_path", None)
-    unshardable = unshardable_optimizer(import_class(optimizer)) if is_fsdp(trainer.strategy) else None
-    if unshardable:
-        raise ConfigError(f"--optimizer {SHORT_NAME.get(unshardable, optimizer)} keeps a plain tensor beside fsdp's "
+    if is_fsdp(trainer.strategy) and unshardable_optimizer(import_class(optimizer)):
+        raise ConfigError(f"--optimizer {SHORT_NAME.get(optimizer, optimizer)} keeps a plain tensor beside fsdp's "
                           f"sharded parameters, which torch refuses; use --strategy ddp with it, or "
                           f"lamb/lars/sgd/adamw with fsdp")
     accumulate = trainer.accumulate_grad_batches  # 0 divides by zero, < 0 trains a negative batch

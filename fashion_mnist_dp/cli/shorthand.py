@@ -115,23 +115,17 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
 
     expanded: List[str] = []
     given: Dict[str, List[tuple]] = {}  # full key -> [(flag as typed, value)]
-    i = 0
-    while i < len(args):
-        key, equals, value = args[i].partition("=")
-        value = value if equals else None
-        full = SHORTHAND.get(key)
-        is_full_key = key in SHORTHAND.values()
-        if full is None and not is_full_key:
-            expanded.append(args[i])
-            i += 1
+    tokens = iter(args)
+    for token in tokens:
+        key, equals, value = token.partition("=")
+        target = SHORTHAND.get(key) or (key if key in SHORTHAND.values() else None)
+        if target is None:
+            expanded.append(token)
             continue
-        if value is None:
-            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+        if not equals:
+            value = next(tokens, None)
+            if value is None or value.startswith("--"):
                 raise ConfigError(f"{key} needs a value, e.g. {key} {EXAMPLE[key]}")
-            value = args[i + 1]
-            i += 1
-        i += 1
-        target = full or key
         value = class_path(target, value)
         if target == SHORTHAND["--lr"]:
             _check_lr(key, value)

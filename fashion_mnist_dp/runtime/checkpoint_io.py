@@ -16,7 +16,6 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from fashion_mnist_dp.runtime.errors import CheckpointError, CantWriteError
 
 SUFFIX = ".sha256"
-CHUNK = 1 << 20
 
 
 def sidecar_path(path) -> Path:
@@ -28,11 +27,8 @@ def is_remote(path) -> bool:
 
 
 def file_sha256(path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while block := handle.read(CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def verify(path) -> Optional[str]:

@@ -1,6 +1,7 @@
 """Faults of the job (a rank stuck or lost, a peer that never joined, a busy port, a stalled data worker): one line
 and exit 75 from torch's messages; docs/reliability.md, "No hang"."""
 
+import contextlib
 import re
 from typing import Optional
 
@@ -100,7 +101,5 @@ class JobFaults(Callback):
             no_checkpoint_on_exception(trainer)
         children = compat.release_children(trainer)
         if children:
-            try:
+            with contextlib.suppress(AttributeError):
                 exception.children = children  # runtime.errors.reported ends them after the line
-            except AttributeError:
-                pass

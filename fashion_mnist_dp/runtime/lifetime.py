@@ -2,6 +2,7 @@
 torchrun's restarts: docs/reliability.md, "No hang"."""
 
 import atexit
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -81,10 +82,8 @@ def release_process_group() -> None:
     abort the process ("terminate called without an active exception", pytorch/pytorch#190489), and a rank's exit
     code became -6. Lightning destroys it at exit for NCCL only."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        try:
+        with contextlib.suppress(RuntimeError):  # on the way out after a fault: the exit code and its line stand
             torch.distributed.destroy_process_group()
-        except RuntimeError:  # on the way out after a fault: the exit code and its line stand
-            pass
 
 
 def kill_stuck_workers_at_exit() -> None:
@@ -100,10 +99,8 @@ def kill_data_workers() -> None:
         return
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise "worker killed" from the next line
     for child in children:
-        try:
+        with contextlib.suppress(OSError):
             child.kill()
-        except OSError:
-            pass
     for child in children:
         child.join(timeout=5)
 

@@ -30,11 +30,7 @@ class Resume:
 
 def hpc_checkpoint(root) -> str:
     """``--ckpt_path hpc`` as Lightning resolves it (the largest N), as a file checked like any other."""
-    found = {}
-    for path in Path(root).glob("hpc_ckpt_*.ckpt"):
-        number = path.stem[len("hpc_ckpt_"):]
-        if number.isdigit():
-            found[int(number)] = path
+    found = {int(path.stem[9:]): path for path in Path(root).glob("hpc_ckpt_*.ckpt") if path.stem[9:].isdigit()}  # N
     if not found:
         raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
                               f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
@@ -175,10 +171,8 @@ def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
-    if resumed.path and (subcommand == "fit" or resumed.continue_run) and Path(resumed.path).is_file():
-        # no code runs; a damaged file ends here (exit 66); read once, by the CLI, when it was
-        checkpoint = resumed.checkpoint if resumed.checkpoint is not None else checkpoint_io.load(resumed.path)
-        done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if subcommand == "fit" else None
-        if done:
-            raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
+    checkpoint = resumed.checkpoint if subcommand == "fit" else None  # the file the CLI verified and read once
+    done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if checkpoint is not None else None
+    if done:
+        raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
     return resumed.path

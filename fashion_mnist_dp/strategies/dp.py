@@ -53,21 +53,8 @@ class DataParallelStrategy(ParallelStrategy):
         self._routed: Optional[tuple] = None  # (module, the forward installed on it)
 
     # One process, several devices (Lightning gives the strategy its cluster environment: SLURM's ranks under srun).
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        return 0
-
-    @property
-    def world_size(self) -> int:
-        return 1
+    global_rank = local_rank = node_rank = property(lambda self: 0)
+    world_size = property(lambda self: 1)
 
     @property
     def root_device(self) -> torch.device:

@@ -30,12 +30,11 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().setup_environment()
 
 
-def unshardable_optimizer(optimizer_class: type) -> Optional[str]:
-    """``torch_optimizer.NovoGrad`` for it or a subclass (its plain tensors beside DTensors), else None."""
+def unshardable_optimizer(optimizer_class: type) -> bool:
+    """``torch_optimizer.NovoGrad`` or a subclass: its plain tensors beside DTensors."""
     from torch_optimizer import NovoGrad
 
-    is_novograd = isinstance(optimizer_class, type) and issubclass(optimizer_class, NovoGrad)
-    return "torch_optimizer.NovoGrad" if is_novograd else None
+    return isinstance(optimizer_class, type) and issubclass(optimizer_class, NovoGrad)
 
 
 def is_fsdp(strategy: Any) -> bool:
@@ -44,7 +43,5 @@ def is_fsdp(strategy: Any) -> bool:
         return strategy in ("fsdp", CPU_NAME)
     if isinstance(strategy, FullyShardedStrategy):
         return True
-    class_path = getattr(strategy, "class_path", None)
-    if class_path is None and isinstance(strategy, dict):
-        class_path = strategy.get("class_path")
+    class_path = getattr(strategy, "class_path", None)  # a Namespace from a config file
     return bool(class_path) and ("FSDP" in str(class_path) or "FullyShardedStrategy" in str(class_path))
