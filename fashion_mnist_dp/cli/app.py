@@ -111,8 +111,7 @@ class FashionMNISTCLI(LightningCLI):
         if self.run.stored:
             user = self.run.user_config[self.subcommand]
             applied = checkpoint_hparams.reapply_given(config, user, self.run.given)
-            found = checkpoint_hparams.differences(applied, user, self.run.stored)
-            self.run.notes = checkpoint_hparams.start_note(found, self.run.resumed.path)
+            self.run.notes = checkpoint_hparams.start_note(applied, user, self.run.stored, self.run.resumed.path)
         check_config(config)
 
     def instantiate_classes(self) -> None:

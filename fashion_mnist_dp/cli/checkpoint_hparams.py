@@ -51,8 +51,9 @@ def reapply_given(merged, user, given: Set[str]) -> List[str]:
     return applied
 
 
-def differences(applied: Sequence[str], user, stored: Dict[str, Any]) -> List[str]:
-    """``--lr 0.5 (checkpoint: 0.05)`` for every given value the checkpoint stored differently."""
+def start_note(applied: Sequence[str], user, stored: Dict[str, Any], path: str) -> List[str]:
+    """The start block's line ``given over the checkpoint: --lr 0.5 (checkpoint: 0.05)`` for every given value the
+    checkpoint stored differently (none when nothing differs)."""
     stored_flat = flat(stored, MODEL)
     found = []
     for key in applied:
@@ -63,10 +64,5 @@ def differences(applied: Sequence[str], user, stored: Dict[str, Any]) -> List[st
         if before is not None and str(before) != str(value):
             key = key.removesuffix(".class_path")
             found.append(f"{SHORT_FLAG.get(key, '--' + key)} {value} (checkpoint: {before})")
-    return found
-
-
-def start_note(found: Sequence[str], path: str) -> List[str]:
-    """The start block's line for :func:`differences` (none when nothing differs)."""
     return [f"  given over the checkpoint: {', '.join(found)} ({Path(path).name} stored the values in brackets)"] \
         if found else []
