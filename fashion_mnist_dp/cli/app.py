@@ -22,6 +22,8 @@ from fashion_mnist_dp.runtime import checkpoint_io, compat, errors, lifetime, re
 from fashion_mnist_dp.strategies import register_strategies
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+
+
 @dataclasses.dataclass
 class RunState:
     """What the CLI decides in one hook and uses in a later one."""
@@ -38,10 +40,9 @@ class FashionMNISTCLI(LightningCLI):
     """LightningCLI with our defaults, links, folders, ``--ckpt_path`` decided before anything is built, and a test."""
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
-        kwargs.setdefault("exit_on_error", False)  # main() turns parse errors into one line
-        kwargs.setdefault("epilog", shorthand_help())
-        kwargs.setdefault("formatter_class", RawDescriptionHelpFormatter)
-        return super().init_parser(**kwargs)
+        # Every parser, the subcommands' too: main() turns parse errors into one line; the shorthand table in --help.
+        return super().init_parser(exit_on_error=False, epilog=shorthand_help(),
+                                   formatter_class=RawDescriptionHelpFormatter, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         compat.batch_limits_count_first(parser)
@@ -213,17 +214,14 @@ def class_paths(config) -> Dict[str, str]:
     return found
 
 
-def build_cli(args: Sequence[str]) -> FashionMNISTCLI:
-    """Parse ``args`` (shorthand.expand_args's), build the objects and run the subcommand."""
+def _run(argv: List[str]) -> list:
+    """Parse ``argv``, build the objects and run the subcommand; the processes it launched."""
     register_strategies()  # dp and FSDP2's fsdp, before the parser validates --trainer.strategy
     defaults = [str(DEFAULT_CONFIG)] if DEFAULT_CONFIG.is_file() else []
-    return FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule, args=args,
-                           parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},
-                           save_config_callback=SaveConfigAsGiven, save_config_kwargs={"overwrite": True})
-
-
-def _run(argv: List[str]) -> list:
-    cli = build_cli(expand_args(argv))  # the command line and its --config files, read and checked once
+    cli = FashionMNISTCLI(FashionMNISTClassifier, FashionMNISTDataModule,
+                          args=expand_args(argv),  # the command line and its --config files, read and checked once
+                          parser_kwargs={name: {"default_config_files": defaults} for name in SUBCOMMANDS},
+                          save_config_callback=SaveConfigAsGiven, save_config_kwargs={"overwrite": True})
     return compat.launched_children(cli.trainer)  # they end with this process: wait for them
 
 
