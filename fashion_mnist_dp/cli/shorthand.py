@@ -32,9 +32,7 @@ SHORTHAND_TABLE = {
     "--patience": ("--stop_at_target.patience", "2"),
 }
 SHORTHAND: Dict[str, str] = {short: full for short, (full, _) in SHORTHAND_TABLE.items()}
-EXAMPLE: Dict[str, str] = {
-    flag: example for short, (full, example) in SHORTHAND_TABLE.items() for flag in (short, full)
-}
+EXAMPLE = {flag: example for short, (full, example) in SHORTHAND_TABLE.items() for flag in (short, full)}
 # The short names of the shipped networks and optimizers, on the command line (--network fast_cnn, or
 # --model.network fast_cnn): each stands for its class path. A config file names the class path itself.
 CLASS_NAMES: Dict[str, Dict[str, str]] = {
@@ -172,12 +170,6 @@ def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> Ex
     return result
 
 
-def options(args: Sequence[str]) -> List[tuple]:
-    """(``--key``, value) for every ``--key=value`` and ``--key value`` in ``args`` (a flag's value may be "")."""
-    pairs = [(i, *token.partition("=")) for i, token in enumerate(args) if token.startswith("--")]
-    return [(key, value if eq else (args[i + 1] if i + 1 < len(args) else "")) for i, key, eq, value in pairs]
-
-
 def config_file(name: str) -> Dict[str, Any]:
     """The mapping a ``--config`` file holds, else one line (jsonargparse says only "Unexpected config:"); a name that
     is not a file is left to jsonargparse ("File does not exist", or an inline YAML string)."""
@@ -212,9 +204,12 @@ def given_keys(args: Sequence[str]) -> Set[str]:
     """The dotted keys the user set in ``args`` (expanded): every flag's key and every key of every ``--config`` file
     (each file checked here, read once)."""
     keys: Set[str] = set()
-    for key, value in ((key[2:], value) for key, value in options(args)):
-        if key == "config":
-            keys |= set(flat(config_file(value)))
+    for i, token in enumerate(args):
+        if not token.startswith("--"):
+            continue  # a subcommand or a value
+        key, equals, value = token[2:].partition("=")
+        if key == "config":  # --config=FILE or --config FILE
+            keys |= set(flat(config_file(value if equals else (args[i + 1] if i + 1 < len(args) else ""))))
         elif key.startswith("model.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
                 and not key.endswith(".class_path"):  # jsonargparse's --model.optimizer.lr: ...init_args.lr
             first, second, rest = key.split(".", 2)
