@@ -29,9 +29,8 @@ def parse_devices(devices: Union[int, str, Sequence[int], None]):
         return "auto"
     if text.lstrip("-").isdigit():
         return int(text)
-    parts = [p.strip() for p in text.strip("[]").split(",") if p.strip()]
     try:
-        return [int(p) for p in parts]
+        return [int(p) for p in text.strip("[]").split(",") if p.strip()]
     except ValueError:
         raise ConfigError(f"{DEVICES_KEY} is {devices!r}: give a number, auto, -1 or a list of GPU indices") from None
 
@@ -132,8 +131,7 @@ def check_config(config) -> None:
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
         raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")
     nodes = trainer.num_nodes or 1
-    slurm_mismatch = check_slurm_layout(os.environ, parse_devices(trainer.devices), nodes)
-    if slurm_mismatch:
+    if slurm_mismatch := check_slurm_layout(os.environ, parse_devices(trainer.devices), nodes):
         raise ConfigError(slurm_mismatch)
     if nodes > 1 and not launcher_environment():
         raise ConfigError(f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
