@@ -73,9 +73,7 @@ class FashionMNISTCLI(LightningCLI):
         its hyperparameters (verified, no code)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
         self.run = RunState(given=set(args.given), lr_origin=args.lr_origin)  # args: shorthand.expand_args's
-        subcommand = self.config.get("subcommand")
-        if not subcommand:
-            return
+        subcommand = self.config["subcommand"]  # required: expand_args adds fit when none is given
         config = self.config[subcommand]
         try:  # before any strategy is built: the registry's ddp and fsdp entries take it
             timeout = lifetime.set_collective_timeout(lifetime.collective_timeout(
@@ -83,7 +81,7 @@ class FashionMNISTCLI(LightningCLI):
         except ValueError as error:
             raise errors.ConfigError(str(error)) from error
         filled = outputs.fill_output_paths(config)
-        if config.get("data") is not None and "worker_timeout" in config.data and config.data.worker_timeout is None:
+        if config.data.worker_timeout is None:
             config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
             filled.append(("data", None, "worker_timeout"))
         self.save_config_kwargs["filled"] = filled
