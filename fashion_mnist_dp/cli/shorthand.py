@@ -102,11 +102,8 @@ def find_subcommand(args: Sequence[str]) -> Optional[str]:
 
 
 def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
-    """Add ``fit`` when no subcommand is given and rewrite shorthand flags to their full keys in place.
-
-    Giving a shorthand and its full key with different values is an error: which
-    one the user meant cannot be guessed.
-    """
+    """Add ``fit`` when no subcommand is given and rewrite shorthand flags to their full keys in place; a shorthand
+    and its full key with different values is an error: which one the user meant cannot be guessed."""
     args = list(argv)
     if find_subcommand(args) is None:
         args.insert(0, "fit")
@@ -157,7 +154,7 @@ def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> Ex
         result.lr_origin = f"{given[lr][-1][0]} {given[lr][-1][1]}"
         return result
     chosen = {key: SHORT_NAME.get(given[key][-1][1]) for key in (network, optimizer) if key in given}
-    pair = (chosen.get(network), chosen.get(optimizer, "sgd" if optimizer not in given else None))
+    pair = (chosen.get(network), chosen.get(optimizer, "sgd"))  # no --optimizer: the default config's sgd
     if pair in NETWORK_LR:
         value, origin, after = NETWORK_LR[pair], f"{pair[0]}'s known-good lr with {pair[1]}", (network, optimizer)
     elif chosen.get(optimizer) is not None:
