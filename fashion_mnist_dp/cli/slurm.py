@@ -53,11 +53,10 @@ def rendezvous_address(environment, environ: MutableMapping[str, str] = os.envir
                        run: Callable = subprocess.run) -> Tuple[str, Optional[str]]:
     """The rendezvous address and a start-block note when SLURM's ``NodeAddr`` (exported as ``MASTER_ADDR``) replaced
     a name that does not resolve here; else LookupError with the line (docs/running-on-clusters.md)."""
-    given = environ.get("MASTER_ADDR")
     address = environment.main_address
     if resolves(address):
         return address, None
-    where = "MASTER_ADDR" if given else "the first node of SLURM_NODELIST"
+    where = "MASTER_ADDR" if environ.get("MASTER_ADDR") else "the first node of SLURM_NODELIST"
     node_address = slurm_node_address(address, run) if "SLURM_JOB_ID" in environ else None
     if node_address and resolves(node_address):
         environ["MASTER_ADDR"] = node_address
