@@ -64,9 +64,8 @@ def _entries(value: Any, kind: type) -> List[Tuple[int, Any]]:
 
 
 def fill_output_paths(config) -> List[Tuple[str, int, str]]:
-    """Fill in ``default_root_dir`` (``runs``), each ModelCheckpoint's ``dirpath`` (``<root>/<run name>/checkpoints``)
-    and each TensorBoard logger's ``save_dir`` and ``name``; returns what it filled (list key, index, argument), which
-    config.yaml keeps null (:func:`as_given`)."""
+    """Fill in the null ``default_root_dir``, ModelCheckpoint ``dirpath`` and TensorBoard ``save_dir`` and ``name``;
+    returns what it filled (list key, index, argument), which config.yaml keeps null (:func:`as_given`)."""
     trainer, filled = config.trainer, []
     if trainer.default_root_dir is None:
         trainer.default_root_dir = DEFAULT_ROOT
