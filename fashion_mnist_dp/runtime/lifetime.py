@@ -66,12 +66,6 @@ def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
                                                            "LOCAL_RANK"))
 
 
-def mark_launcher(environ=os.environ) -> None:
-    """In a launching train.py, tell the ranks it will start its pid (signals.die_with_parent)."""
-    if not is_launched_rank(environ):
-        environ[LAUNCHER_PID_ENV] = str(os.getpid())
-
-
 def data_worker_timeout(timeout: timedelta) -> float:
     """Half the collective timeout, so the rank whose worker stalled reports first."""
     return timeout.total_seconds() / 2
