@@ -16,9 +16,8 @@ from fashion_mnist_dp.runtime.signals import (PEER_FAILED, SIGNALS, Handlers, Pr
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "PEER_FAILED", "Preemption",
-           "RngState", "SIGNALS",
-           "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order", "end_peer_tasks",
-           "guarded_process", "safety_off"]
+           "RngState", "SIGNALS", "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order",
+           "end_peer_tasks", "guarded_process", "safety_off"]
 
 # The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries (docs/reliability.md).
 SAFETY = {
