@@ -1,7 +1,6 @@
 """Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
 torchrun's restarts: docs/reliability.md, "No hang"."""
 
-import atexit
 import contextlib
 import multiprocessing
 import os
@@ -78,12 +77,6 @@ def release_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         with contextlib.suppress(RuntimeError):  # on the way out after a fault: the exit code and its line stand
             torch.distributed.destroy_process_group()
-
-
-def kill_stuck_workers_at_exit() -> None:
-    """An exit hook (once) that SIGKILLs data workers before multiprocessing's own waits for them forever."""
-    atexit.unregister(kill_data_workers)
-    atexit.register(kill_data_workers)
 
 
 def kill_data_workers() -> None:
