@@ -19,8 +19,7 @@ DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optional[float] = None) -> timedelta:
     """``collective_timeout``, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s; ValueError unless > 0."""
-    name, raw = ("collective_timeout", str(seconds)) if seconds is not None else \
-        (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, ""))
+    name, raw = (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, "")) if seconds is None else ("collective_timeout", str(seconds))
     if not raw.strip():
         return timedelta(seconds=DEFAULT_TIMEOUT_S)
     try:
