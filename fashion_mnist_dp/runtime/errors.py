@@ -85,7 +85,6 @@ class Preempted(UserFacingError):
     """A signal: 143 (SIGTERM, SIGUSR1) or 130 (Ctrl-C); a stop of every rank after a verified last.ckpt, rank 0 says
     it, or (``every_rank``) a Ctrl-C where this process had no step to stop at."""
     prefix = ""
-    every_rank = False
 
     def __init__(self, message: str, exit_code: int, rank: Optional[int] = None, children: Sequence = (),
                  every_rank: bool = False) -> None:
