@@ -70,9 +70,8 @@ def data_worker_timeout(timeout: timedelta) -> float:
 
 
 def release_process_group() -> None:
-    """Destroy the default process group while the interpreter is whole: left to its exit, gloo's worker threads can
-    abort the process ("terminate called without an active exception", pytorch/pytorch#190489), and a rank's exit
-    code became -6. Lightning destroys it at exit for NCCL only."""
+    """Destroy the default process group while the interpreter is whole: left to its exit, gloo's threads can abort the
+    process (exit -6; Lightning destroys it for NCCL only): docs/reliability.md, "No hang", pytorch/pytorch#190489."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         with contextlib.suppress(RuntimeError):  # on the way out after a fault: the exit code and its line stand
             torch.distributed.destroy_process_group()
