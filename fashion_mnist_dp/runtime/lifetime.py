@@ -34,8 +34,7 @@ def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optiona
 def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
     """Give every registered ddp/fsdp strategy name ``timeout`` (else torch's 30 min)."""
     timeout = collective_timeout() if timeout is None else timeout
-    for name in list(StrategyRegistry):
-        entry = StrategyRegistry[name]
+    for entry in StrategyRegistry.values():
         strategy = entry.get("strategy")
         if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
             entry.setdefault("init_params", {})["timeout"] = timeout
