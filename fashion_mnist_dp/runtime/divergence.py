@@ -1,11 +1,5 @@
-"""Divergence: every rank stops at the same point when training diverged, and no checkpoint keeps its weights.
-
-Lightning trains on with a NaN loss to the last epoch and exits 0. Here each rank notes, on the device
-and without reading anything back, the first optimizer step at which its loss or (its shard of) the
-gradients was not finite; at each decision point (fashion_mnist_dp/runtime/agreement.py) it adds whether its weights and
-batch-norm statistics are finite now, and after validation whether accuracy is at chance one epoch
-after warm-up. Any rank's report stops every rank: :class:`~runtime.errors.TrainingDiverged`, exit 70.
-"""
+"""Divergence: every rank stops at the same point when training diverged (Lightning trains on with a NaN loss and exits
+0), exit 70, and no checkpoint keeps its weights: docs/reliability.md, "Divergence"."""
 
 import math
 from typing import List, Optional, Sequence
