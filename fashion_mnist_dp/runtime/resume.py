@@ -133,12 +133,11 @@ class RngState(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The epoch's iterator is created again after the restore: it drew its base seed before."""
-        if self._pending is None:
-            return
-        restore(self._pending)
-        self._pending = None
-        if trainer.current_epoch > 0:
-            compat.recreate_train_iterator(trainer)
+        if self._pending is not None:
+            restore(self._pending)
+            self._pending = None
+            if trainer.current_epoch > 0:
+                compat.recreate_train_iterator(trainer)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         if self._pending is not None:  # resumed mid-epoch: Lightning skips on_train_epoch_start
