@@ -41,7 +41,7 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
             attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
     """``--ckpt_path`` as a file, or a new run (docs/reliability.md, "Checkpoints" and "torchrun restarts");
     ``elsewhere``: other experiments' folders with a last checkpoint, named when ``last`` finds none here."""
-    if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] == "registry":
+    if not ckpt_path or checkpoint_io.is_remote(ckpt_path) or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
     if ckpt_path == "best":
