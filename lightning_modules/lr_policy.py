@@ -91,7 +91,6 @@ class LRPolicy:
             step_size=max(1, round(self.step_epochs * max(plan.steps_per_epoch, 1))), gamma=self.gamma))
 
 
-
 def continue_schedule(scheduler: LambdaLR, step: int) -> None:
     """After its optimizer's groups got new initial lrs: the schedule's base lrs follow them, the schedule is at
     optimizer step ``step`` (whatever interval the checkpoint's schedule was stepped at), and each group's lr is the
