@@ -6,7 +6,7 @@ from typing import List, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from callbacks.run_record import EpochRecord, read_epochs
+from callbacks.run_record import EpochRecord, read_epochs, write_records
 
 PLOT_NAME = "time_to_accuracy.png"
 
@@ -54,8 +54,7 @@ class TimeToAccuracy(Callback):
             self._run_dir = Path(trainer.log_dir or ".")  # log_dir is a collective: every rank asks
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        for logger in trainer.loggers:
-            logger.save()  # the last epoch's rows, before they are read back
+        write_records(trainer)  # the last epoch's rows, before they are read back
         if trainer.is_global_zero and self._run_dir is not None:
             from callbacks.stop_at_target import StopAtTarget
 
