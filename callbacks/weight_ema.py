@@ -5,8 +5,7 @@ Why not Lightning's ``EMAWeightAveraging``: it updates through torch's ``Average
 reads its update count from the device twice per update (``bool(self.n_averaged == 0)``: on a GPU the host waits
 every step) and applies an EMA ``avg_fn`` one tensor at a time. Here the count is a Python int and one ``_foreach``
 kernel updates every tensor. Checkpoints follow Lightning's convention: ``state_dict`` holds the averaged weights
-(what a checkpoint is loaded for), the live ones ride along for an exact resume.
-"""
+(what a checkpoint is loaded for), the live ones ride along for an exact resume."""
 
 from typing import Dict, Optional
 

@@ -2,8 +2,7 @@
 
 torchvision checks the downloaded archives' MD5 only; a truncated, gzipped or mislabelled IDX file fails later with
 a message that names neither file nor problem, or trains silently on fewer images (docs/reliability.md). Here each
-file's header, size and labels are checked; a problem raises :class:`CorruptDataError` naming the file (exit 65).
-"""
+file's header, size and labels are checked; a problem raises :class:`CorruptDataError` naming the file (exit 65)."""
 
 import math
 import os

@@ -53,8 +53,7 @@ class LRPolicy:
             single-device lr to the scaled one); lower for a one-cycle style ramp.
         schedule: After warm-up: ``constant``, ``cosine`` (to zero at the last step) or ``step``.
         step_epochs: For ``step``: epochs between decays.
-        gamma: For ``step``: the factor of each decay.
-    """
+        gamma: For ``step``: the factor of each decay."""
 
     scaling: ScalingRule = "linear"
     base_batch_size: Optional[PositiveInt] = None
