@@ -47,10 +47,8 @@ class PeakMemory(Callback):
         if not self._state_reported:
             rows = gather_rows(trainer, model_state_mb(pl_module, trainer.optimizers))
             params_mb, optimizer_mb = map(max, zip(*rows))
-            rank_zero_info(
-                f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} MiB "
-                f"(largest of {len(rows)} rank(s))"
-            )
+            rank_zero_info(f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} "
+                           f"MiB (largest of {len(rows)} rank(s))")
             log_to_loggers(trainer, {"memory/parameters_mb": params_mb, "memory/optimizer_state_mb": optimizer_mb})
             self._state_reported = True
         per_rank = [row[0] for row in gather_rows(trainer, [peak_memory_mb(trainer.strategy.root_device)])]

@@ -104,14 +104,9 @@ def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: Optional[int] = No
             use_ghost_batch_norm(child, ghost_batch_size, ghost_batches)
             continue
         like = next((t for t in (*child.parameters(), *child.buffers()) if t.is_floating_point()), None)
-        ghost = ghost_class(
-            child.num_features,
-            eps=child.eps,
-            momentum=child.momentum,
-            affine=child.affine,
-            track_running_stats=child.track_running_stats,
-            **({"device": like.device, "dtype": like.dtype} if like is not None else {}),
-        )
+        ghost = ghost_class(child.num_features, eps=child.eps, momentum=child.momentum, affine=child.affine,
+                            track_running_stats=child.track_running_stats,
+                            **({"device": like.device, "dtype": like.dtype} if like is not None else {}))
         ghost.ghost_batch_size, ghost.ghost_batches = ghost_batch_size, ghost_batches
         ghost.load_state_dict(child.state_dict())
         ghost.train(child.training)
