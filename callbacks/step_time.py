@@ -217,11 +217,9 @@ def metrics(result: Breakdown) -> Dict[str, float]:
     values.update({"time/slowest_rank": result.slowest_rank, "time/slowest_lead": result.slowest_lead,
                    "time/sampled_every": result.sampled_every,
                    "comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
-    for key, value in (("comm/hidden_share", result.hidden_share), ("comm/algbw_gbps", result.algbw_gbps),
-                       ("comm/busbw_gbps", result.busbw_gbps)):
-        if value is not None:
-            values[key] = value
-    return values
+    optional = {"comm/hidden_share": result.hidden_share, "comm/algbw_gbps": result.algbw_gbps,
+                "comm/busbw_gbps": result.busbw_gbps}  # None (nothing synced, no comm time): left out
+    return {**values, **{key: value for key, value in optional.items() if value is not None}}
 
 
 def format_line(result: Breakdown) -> str:
