@@ -22,7 +22,6 @@ from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, 
 PIXEL_MEAN = 0.2860
 PIXEL_STD = 0.3530
 
-
 _SHIFT = torch.tensor(-PIXEL_MEAN / PIXEL_STD)  # a 0-d CPU tensor: it serves a batch on any device as a scalar
 
 
