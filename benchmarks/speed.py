@@ -229,10 +229,12 @@ def data_paths(data_dir: str, batch: int, seconds: float = 4.0) -> Dict[str, flo
     return {"workshop": workshop, "train.py": ours}
 
 
-def train_py_rate(network: str, batch: int, steps: int, epochs: int, extra=(), threads=None, first_step=False):
-    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record, without validation (not in the
-    images/sec); ``first_step``: also the first step's seconds (``time/first_step_s``: with compile, compilation)."""
-    record = launch.train_record(["--config", str(DEFAULT_CONFIG), "--accelerator", "cpu", "--network", network,
+def train_py_rate(network: str, batch: int, steps, epochs: int, extra=(), threads=None, first_step=False,
+                  accelerator: str = "cpu"):
+    """(b)/(d) Median images/sec of epochs 2..``epochs`` from train.py's own record, ``steps`` per epoch (1.0: all),
+    without validation (not in the images/sec; ``0``: the CLI reads ``1`` as the float 1.0, all of it); ``first_step``:
+    also the first step's seconds (``time/first_step_s``: with compile, compilation). benchmarks/gpu.py's runs too."""
+    record = launch.train_record(["--config", str(DEFAULT_CONFIG), "--accelerator", accelerator, "--network", network,
                                   "--batch_size", str(batch), "--epochs", str(epochs), "--trainer.limit_train_batches",
                                   str(steps), "--trainer.limit_val_batches", "0", "--trainer.num_sanity_val_steps", "0",
                                   "--test_after_fit", "false", *extra], threads=threads)
