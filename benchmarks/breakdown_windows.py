@@ -3,9 +3,9 @@ on a GPU) and paused, the median step time of each kind, their ratio. Pairs of w
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.breakdown_windows --accelerator gpu [--precision bf16-mixed]
 
-train.py runs with ``--breakdown true`` and :class:`AlternatingWindows`: from epoch 2 it times ``--window``-step
-windows (device synchronised at their ends), the breakdown's timer paused (``StepTimer.paused``) in every other one,
-until ``--windows`` of each kind are in. A paused window still pays the DDP comm hook's Python (docs/benchmarks.md).
+train.py (``cnn``, batch 128) runs with ``--breakdown true`` and :class:`AlternatingWindows`: from epoch 2 it times
+windows of 200 steps (device synchronised at their ends), the breakdown's timer paused (``StepTimer.paused``) in every
+other one, until 20 of each kind are in. A paused window still pays the DDP comm hook's Python (docs/benchmarks.md).
 """
 
 import argparse
@@ -22,12 +22,13 @@ from lightning.pytorch import Callback
 
 from benchmarks import launch
 
+NETWORK, BATCH, WINDOW, WINDOWS = "cnn", 128, 200, 20
 
 class AlternatingWindows(Callback):
     """Times ``windows`` × 2 windows of ``window`` steps, the breakdown on in even ones and paused in odd ones;
     writes {"on": [s/step...], "off": [...]} to ``$BREAKDOWN_WINDOWS_OUT`` and stops the run."""
 
-    def __init__(self, window: int = 200, windows: int = 20) -> None:
+    def __init__(self, window: int = WINDOW, windows: int = WINDOWS) -> None:
         self.window, self.windows = window, windows
         self.times: Dict[str, List[float]] = {"on": [], "off": []}
         self._started = None
@@ -69,32 +70,25 @@ def main(argv=None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--accelerator", default="cpu")
     parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--network", default="cnn")
-    parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--window", type=int, default=200)
-    parser.add_argument("--windows", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=480)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="breakdown-windows-") as folder:
         out = Path(folder) / "windows.json"
         env = launch.clean_env({"BREAKDOWN_WINDOWS_OUT": str(out)}, keep_data_dir=True)
-        steps = 60000 // args.batch_size
-        epochs = 2 + (2 * args.window * args.windows) // steps
+        epochs = 2 + (2 * WINDOW * WINDOWS) // (60000 // BATCH)
         finished = launch.run_train(
             ["--strategy", "ddp", "--devices", "1", "--accelerator", args.accelerator, "--precision", args.precision,
-             "--network", args.network, "--batch_size", str(args.batch_size), "--breakdown", "true",
-             "--epochs", str(epochs), "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
-             "--trainer.callbacks+=benchmarks.breakdown_windows.AlternatingWindows",
-             f"--trainer.callbacks.window={args.window}", f"--trainer.callbacks.windows={args.windows}"],
-            Path(folder), args.timeout, env)
+             "--network", NETWORK, "--batch_size", str(BATCH), "--breakdown", "true", "--epochs", str(epochs),
+             "--trainer.limit_val_batches", "1", "--test_after_fit", "false",
+             "--trainer.callbacks+=benchmarks.breakdown_windows.AlternatingWindows"], Path(folder), args.timeout, env)
         if not out.exists():
             raise SystemExit(f"train.py exited {finished.returncode} before its windows:\n{finished.stderr[-3000:]}")
         times = json.loads(out.read_text())
     from benchmarks.speed import machine
 
     on, off = statistics.median(times["on"]), statistics.median(times["off"])
-    print(f"{args.network}, batch {args.batch_size}, {args.precision}, ddp on 1 {args.accelerator} device; "
-          f"{len(times['on'])} + {len(times['off'])} alternating windows of {args.window} steps; {machine()}")
+    print(f"{NETWORK}, batch {BATCH}, {args.precision}, ddp on 1 {args.accelerator} device; "
+          f"{len(times['on'])} + {len(times['off'])} alternating windows of {WINDOW} steps; {machine()}")
     print(f"step time: breakdown on {on * 1e3:.3f} ms, paused {off * 1e3:.3f} ms; speed with it / without "
           f"{off / on:.3f} (goal >= 0.98)")
     return 0

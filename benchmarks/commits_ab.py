@@ -41,10 +41,8 @@ def steady_speed(folder: Path) -> float:
 
 
 def one_run(tree: Path, flags: Sequence[str], timeout_s: float) -> float:
-    try:
-        return launch.run_in_scratch(flags, timeout_s, 1, steady_speed, train_py=tree / "train.py").record
-    except RuntimeError as error:
-        raise SystemExit(str(error)) from error
+    # steady_speed looks through the whole scratch folder, wherever the commit's config put its TensorBoard files
+    return launch.train_record(flags, timeout_s, 1, lambda runs: steady_speed(runs.parent), tree / "train.py")
 
 
 def main(argv=None) -> None:
@@ -56,7 +54,6 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     flags = argv[argv.index("--") + 1:] if "--" in argv else []
     args = parser.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    args.flags = flags
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.commit], capture_output=True,
                             text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="commits-ab-tree-") as parent:
@@ -64,7 +61,7 @@ def main(argv=None) -> None:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old_tree), commit],
                        check=True, capture_output=True)
         try:
-            speeds = interleaved({side: functools.partial(one_run, tree, args.flags, args.timeout)
+            speeds = interleaved({side: functools.partial(one_run, tree, flags, args.timeout)
                                   for side, tree in (("old", old_tree), ("new", REPO))}, args.runs,
                                  lambda i, got, wall: print(f"run {i + 1}/{args.runs}: old {got['old'][-1]:.0f}, new "
                                                             f"{got['new'][-1]:.0f} images/sec", flush=True))
@@ -72,7 +69,7 @@ def main(argv=None) -> None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old_tree)],
                            capture_output=True)
     ratios = [new / old for new, old in zip(speeds["new"], speeds["old"])]
-    print(f"\ntrain.py {' '.join(args.flags)}; {machine()}")
+    print(f"\ntrain.py {' '.join(flags)}; {machine()}")
     print(markdown_table(["tree", f"images/sec, median (range) of {args.runs}"],
                          [[commit, median_range(speeds["old"])], ["working tree", median_range(speeds["new"])]]))
     print(f"new/old: {statistics.median(speeds['new']) / statistics.median(speeds['old']):.3f} "

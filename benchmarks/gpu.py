@@ -19,8 +19,7 @@ import torch
 import yaml
 
 from benchmarks import launch
-from benchmarks.launch import REPO
-from benchmarks.speed import compute_bound, machine
+from benchmarks.speed import DEFAULT_CONFIG, compute_bound, machine, train_py_rate
 from benchmarks.tables import markdown_table, median_range
 from callbacks.run_record import run_dirs
 
@@ -58,25 +57,10 @@ def table(opts) -> List[str]:
             markdown_table(["batch", "fp32 images/sec", "bf16 autocast images/sec"], rows)]
 
 
-def train_py(args: List[str], timeout: float = 600, read=None):
-    """train.py with the default config in a scratch folder, its record (or ``read``'s); SystemExit when it fails."""
-    return launch.train_record(["--config", str(REPO / "configs" / "default.yaml"), *args], timeout, read=read)
-
-
 def backend(runs: Path) -> str:
     """The process group backend of the newest run under ``runs``, from its hparams.yaml."""
     found = run_dirs(runs)
     return (yaml.safe_load((found[-1] / "hparams.yaml").read_text()) if found else {}).get("backend", "no record")
-
-
-def steady_rate(network: str, batch: int, epochs: int, extra: List[str]):
-    """Median images/sec of epochs 2..n of full epochs on the GPU, and the first step's seconds if recorded.
-    No validation (``0``: ``1`` would mean all of it, the CLI reads it as the float 1.0)."""
-    record = train_py(["--accelerator", "gpu", "--devices", "1", "--network", network, "--batch_size", str(batch),
-                       "--epochs", str(epochs), "--trainer.limit_val_batches", "0",
-                       "--trainer.num_sanity_val_steps", "0", "--test_after_fit", "false", *extra])
-    rates = {epoch.epoch: epoch.images_per_sec for epoch in record.epochs}
-    return statistics.median(rates[e] for e in range(2, epochs + 1)), record.latest.get("time/first_step_s")
 
 
 def options(opts) -> List[str]:
@@ -86,7 +70,8 @@ def options(opts) -> List[str]:
     for repeat in range(opts.repeats):
         for name, flags in variants.items():
             try:
-                rate, first = steady_rate(opts.network, opts.batch_size, opts.epochs, flags)
+                rate, first = train_py_rate(opts.network, opts.batch_size, 1.0, opts.epochs, ["--devices", "1", *flags],
+                                            first_step=True, accelerator="gpu")
             except SystemExit as error:
                 print(f"{name}: {error}", flush=True)
                 continue
@@ -115,9 +100,10 @@ def smoke(opts) -> List[str]:
     for strategy in ("ddp", "dp", "fsdp"):
         started = time.perf_counter()
         try:
-            note, code = train_py(["--accelerator", "gpu", "--devices", "1", "--strategy", strategy, "--epochs", "1",
-                                   "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
-                                   "--test_after_fit", "false"], timeout=300, read=backend), 0
+            note, code = launch.train_record(["--config", str(DEFAULT_CONFIG), "--accelerator", "gpu",
+                                              "--devices", "1", "--strategy", strategy, "--epochs", "1",
+                                              "--trainer.limit_train_batches", "20", "--trainer.limit_val_batches", "2",
+                                              "--test_after_fit", "false"], 300, read=backend), 0
         except SystemExit as error:
             note, code = str(error).splitlines()[-1][:120], 1
         rows.append([strategy, str(code), note, f"{time.perf_counter() - started:.0f}"])

@@ -3,7 +3,7 @@ Trace Analysis (HTA)? train.py (ddp on one device) runs with the breakdown on, t
 (the torch profiler over a window of steps, forward, backward and optimizer marked as record_function ranges where
 the breakdown takes its marks); prints the window's synchronising CUDA calls and the breakdown's parts beside HTA's.
 
-    FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu_trace [--network wrn] [--precision bf16-mixed]
+    FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu_trace [--precision bf16-mixed]
 """
 
 import argparse
@@ -21,14 +21,16 @@ from benchmarks.speed import machine
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize", "cudaMemcpy")
 RANGES = ("forward", "backward", "optimizer")
-BATCH = 128
+NETWORK, BATCH, START, STEPS = "wrn", 128, 70, 20
+TRAIN_SUBSET = 8192  # 64 steps an epoch: the window in epoch 2
+LR = 0.01  # wrn diverged by step 15 at the then default 0.05 (benchmarks.md)
 
 
 class ProfiledWindow(Callback):
     """The torch profiler over optimizer steps [start, start + steps); writes trace/rank0.json and window.json (the
     synchronising calls) to ``folder``."""
 
-    def __init__(self, folder: str, start: int = 70, steps: int = 20) -> None:
+    def __init__(self, folder: str, start: int = START, steps: int = STEPS) -> None:
         self.folder, self.start, self.steps = Path(folder), start, steps
         self.profiler = None
         self.open = []
@@ -91,37 +93,31 @@ def annotation_ms(folder: Path) -> tuple:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_trace", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--network", default="wrn")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--accelerator", default="gpu")  # cpu: to check the tool itself, no GPU figures
-    parser.add_argument("--train_subset", type=int, default=8192)  # 64 steps an epoch: the window in epoch 2
-    parser.add_argument("--lr", type=float, default=0.01)  # wrn diverges by step 15 at the default 0.05 (benchmarks.md)
-    parser.add_argument("--start", type=int, default=70)
-    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args(argv)
     print(machine())
     for breakdown in (True, False):
         with tempfile.TemporaryDirectory() as name:
             folder = Path(name)
             profiled = ["--trainer.callbacks+=benchmarks.gpu_trace.ProfiledWindow", "--trainer.callbacks.folder",
-                        str(folder), "--trainer.callbacks.start", str(args.start), "--trainer.callbacks.steps",
-                        str(args.steps)]  # the last of the run's callbacks
+                        str(folder)]  # the last of the run's callbacks
             latest = launch.train_record(["--breakdown", str(breakdown).lower(), *profiled, "--strategy", "ddp",
                                           "--devices", "1", "--accelerator", args.accelerator,
-                                          "--network", args.network, "--trainer.precision", args.precision,
-                                          "--lr", str(args.lr), "--batch_size", str(BATCH),
-                                          "--data.train_subset", str(args.train_subset), "--epochs", "2",
+                                          "--network", NETWORK, "--trainer.precision", args.precision,
+                                          "--lr", str(LR), "--batch_size", str(BATCH),
+                                          "--data.train_subset", str(TRAIN_SUBSET), "--epochs", "2",
                                           "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]).latest
             window = json.loads((folder / "window.json").read_text())
             print(f"breakdown {'on' if breakdown else 'off'}: {window['steps']} steps profiled, synchronising calls "
                   f"{window['sync_calls'] or 'none'}")
             if breakdown:
-                steps = args.train_subset // BATCH
+                steps = TRAIN_SUBSET // BATCH
                 ours = {part: latest[f"time/{part}/rank0"] / steps * 1000 for part in RANGES}
                 theirs, source = annotation_ms(folder)
-                print(f"{args.network}, {args.precision}, ms per step: " + ", ".join(
+                print(f"{NETWORK}, {args.precision}, ms per step: " + ", ".join(
                     f"{part} {ours[part]:.2f} (breakdown, epoch 2) vs {theirs.get(part, float('nan')):.2f}"
-                    for part in RANGES) + f" ({source}, steps {args.start}..{args.start + args.steps - 1})")
+                    for part in RANGES) + f" ({source}, steps {START}..{START + STEPS - 1})")
     return 0
 
 

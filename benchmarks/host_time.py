@@ -44,10 +44,6 @@ GOAL = 1.25  # train.py / reference, the issue's goal
 DEFAULT_SETTING = {"network": "mlp8", "batch_size": 128, "accelerator": "cpu", "precision": "32-true"}
 
 
-def _window_file() -> Path:
-    return Path(os.environ["HOST_TIME_OUT"])
-
-
 def setting() -> dict:
     """What every row runs: the network (``mlp8``: MLP with 8 hidden units; else a ``--network`` short name), the
     batch, the accelerator and the precision; passed to each row's process in ``$HOST_TIME_SETTING``."""
@@ -67,7 +63,7 @@ def _sync() -> None:
 
 
 def _write(us_per_step: float, extra: Optional[dict] = None) -> None:
-    _window_file().write_text(json.dumps({"us_per_step": us_per_step, **(extra or {})}))
+    Path(os.environ["HOST_TIME_OUT"]).write_text(json.dumps({"us_per_step": us_per_step, **(extra or {})}))
 
 
 try:
@@ -144,13 +140,6 @@ def _network():
     return named_class("--model.network", name)()
 
 
-def _train_py_flags(chosen: dict) -> List[str]:
-    network = ["--network", "mlp", "--model.network.init_args.hidden", str(HIDDEN)] if chosen["network"] == "mlp8" \
-        else ["--network", chosen["network"]]
-    return [*network, "--batch_size", str(chosen["batch_size"]), "--accelerator", chosen["accelerator"],
-            "--precision", chosen["precision"]]
-
-
 def _sgd(parameters):
     import torch
 
@@ -224,16 +213,14 @@ def measure(row: str, chosen: dict, profile: Optional[Path] = None) -> Dict[str,
         env = launch.clean_env({"HOST_TIME_OUT": str(out), "HOST_TIME_SETTING": json.dumps(chosen),
                                 **({"HOST_TIME_PROFILE": str(profile)} if profile else {})}, keep_data_dir=True)
         if row.startswith("train.py"):
-            args = [*_train_py_flags(chosen), "--epochs", str(EPOCH + 1), "--test_after_fit", "false",
+            network = ["--network", "mlp", "--model.network.init_args.hidden", str(HIDDEN)] \
+                if chosen["network"] == "mlp8" else ["--network", chosen["network"]]
+            args = [*network, "--batch_size", str(chosen["batch_size"]), "--accelerator", chosen["accelerator"],
+                    "--precision", chosen["precision"], "--epochs", str(EPOCH + 1), "--test_after_fit", "false",
                     "--trainer.callbacks+=benchmarks.host_time.StepWindow"]
-            if row == "train.py":
-                finished = launch.run_train(args, Path(folder), 600, env)
-            else:  # another checkout's train.py (--before), with this file copied into its benchmarks/
-                with tempfile.TemporaryDirectory(prefix="host-time-logs-") as logs:
-                    job = launch.start("before", [str(Path(chosen["before"]) / "train.py"), *args], Path(folder),
-                                       Path(logs), env)
-                    timeout = launch.wait_all([job], 600)
-                    finished = launch.Finished(job.returncode, job.stdout, job.stderr)
+            # "train.py before": another checkout's train.py (--before), with this file copied into its benchmarks/
+            train_py = Path(chosen["before"]) / "train.py" if row == "train.py before" else launch.TRAIN_PY
+            finished = launch.run_train(args, Path(folder), 600, env, train_py=train_py)
         else:
             with tempfile.TemporaryDirectory(prefix="host-time-logs-") as logs:
                 job = launch.start(row, ["-m", "benchmarks.host_time", "--row", row], launch.REPO, Path(logs), env)
@@ -288,7 +275,6 @@ def main(argv=None) -> int:
     parser.add_argument("--before", metavar="CHECKOUT", help="also time CHECKOUT's train.py (a git worktree of an "
                         "earlier commit; this file is copied into its benchmarks/): the row 'train.py before'")
     parser.add_argument("--profile", action="store_true", help="also profile train.py's window once")
-    parser.add_argument("--profile_dump", help="keep the profile in this file (pstats)")
     parser.add_argument("--row", choices=ROWS[:4], help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args(argv)
     if args.row == "bare":
@@ -338,8 +324,6 @@ def main(argv=None) -> int:
             profile = Path(folder) / "train.prof"
             measure("train.py", chosen, profile)
             print("\n" + attribute(profile, steps))
-            if args.profile_dump:
-                pstats.Stats(str(profile)).sort_stats("cumulative").dump_stats(args.profile_dump)
     return 0
 
 

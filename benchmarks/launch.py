@@ -183,7 +183,6 @@ class Finished:
     returncode: int
     stdout: str
     stderr: str
-    record: Any = None  # what run_in_scratch's ``read`` made of the run's folder
 
 
 def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optional[Dict[str, str]] = None,
@@ -199,11 +198,13 @@ def run_train(args: Sequence[str], cwd: Path, timeout_s: float = 240, env: Optio
         return Finished(job.returncode, job.stdout, job.stderr)
 
 
-def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
-                   read: Optional[Callable[[Path], Any]] = None, train_py: Path = TRAIN_PY) -> Finished:
+def train_record(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
+                 read: Optional[Callable[[Path], Any]] = None, train_py: Path = TRAIN_PY):
     """:func:`run_train` in a fresh temporary folder, ``$FASHION_MNIST_DIR`` kept, ``threads`` OpenMP threads (None:
-    torch's choice); RuntimeError on a non-zero exit, else ``read(folder)`` keeps what it returns before the folder
-    goes."""
+    torch's choice); returns ``read(its runs folder)`` (default: callbacks/run_record.py's ``read_run``) before the
+    folder goes. A failed run, or a RuntimeError of ``read``, ends the calling tool (SystemExit with why)."""
+    from callbacks.run_record import read_run  # imports lightning: only when a tool trains
+
     env = clean_env(keep_data_dir=True)
     if threads is None:
         env.pop("OMP_NUM_THREADS")
@@ -212,23 +213,11 @@ def run_in_scratch(args: Sequence[str], timeout_s: float = 900, threads: Optiona
     with tempfile.TemporaryDirectory(prefix="train-py-") as cwd:
         finished = run_train(args, Path(cwd), timeout_s, env, train_py=train_py)
         if finished.returncode != 0:
-            raise RuntimeError(f"{train_py} {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
-        if read is not None:
-            finished.record = read(Path(cwd))
-    return finished
-
-
-def train_record(args: Sequence[str], timeout_s: float = 900, threads: Optional[int] = None,
-                 read: Optional[Callable[[Path], Any]] = None, train_py: Path = TRAIN_PY):
-    """:func:`run_in_scratch`'s run, read back by ``read(runs folder)`` (default: callbacks/run_record.py's
-    ``read_run``); a failed run ends the calling tool (SystemExit with its stderr tail)."""
-    from callbacks.run_record import read_run  # imports lightning: only when a tool trains
-
-    try:
-        return run_in_scratch(args, timeout_s, threads, lambda folder: (read or read_run)(folder / "runs"),
-                              train_py).record
-    except RuntimeError as error:
-        raise SystemExit(str(error)) from error
+            raise SystemExit(f"{train_py} {' '.join(args)} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
+        try:
+            return (read or read_run)(Path(cwd) / "runs")
+        except RuntimeError as error:
+            raise SystemExit(str(error)) from error
 
 
 def python_ranks(code: str, args: Sequence[str], ranks: int, gloo: bool = False) -> List[subprocess.Popen]:

@@ -3,6 +3,8 @@ state key at every hook it calls, the profiler's label, and ModelCheckpoint's is
 of a default run, twelve a step), and its batch-end hook skipped when it saves only at epochs. The key is the same
 string, so checkpoints written by either class load in both."""
 
+from functools import cached_property
+
 from lightning.pytorch import callbacks
 
 from fashion_mnist_dp.runtime import compat
@@ -11,12 +13,9 @@ from fashion_mnist_dp.runtime import compat
 class ModelCheckpoint(callbacks.ModelCheckpoint):
     """:class:`lightning.pytorch.callbacks.ModelCheckpoint`, whose settings never change after ``__init__``."""
 
-    @property
+    @cached_property
     def state_key(self) -> str:
-        key = self.__dict__.get("_state_key")
-        if key is None:
-            key = self.__dict__["_state_key"] = super().state_key
-        return key
+        return super().state_key
 
     def on_train_batch_end(self, trainer, pl_module, *args, **kwargs) -> None:
         if compat.saves_on_train_steps(self):

@@ -1,7 +1,5 @@
-"""Memory per rank: the model state each rank holds (what ddp replicates and fsdp shards), and the peak.
-
-Peak memory is CUDA max-allocated on GPUs, the process's peak resident set size on CPU.
-"""
+"""Memory per rank: the model state each rank holds (what ddp replicates and fsdp shards), and the peak: CUDA
+max-allocated on GPUs, the process's peak resident set size on CPU."""
 
 import resource
 import sys
@@ -25,10 +23,8 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def model_state_mb(module: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> Tuple[float, float]:
-    """MiB of parameters and of optimizer state (momentum, Adam moments...) held by this process.
-
-    Under fsdp a parameter here is this rank's shard, so the figures are per rank.
-    """
+    """MiB of parameters and of optimizer state (momentum, Adam moments...) held by this process: under fsdp a
+    parameter here is this rank's shard, so the figures are per rank."""
     params = sum(local_shard(p).numel() * p.element_size() for p in module.parameters())
     state = sum(
         local_shard(value).numel() * value.element_size()
@@ -51,10 +47,8 @@ class PeakMemory(Callback):
         if not self._state_reported:
             rows = gather_rows(trainer, model_state_mb(pl_module, trainer.optimizers))
             params_mb, optimizer_mb = map(max, zip(*rows))
-            rank_zero_info(
-                f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} MiB "
-                f"(largest of {len(rows)} rank(s))"
-            )
+            rank_zero_info(f"Model state per rank: parameters {params_mb:.2f} MiB, optimizer state {optimizer_mb:.2f} "
+                           f"MiB (largest of {len(rows)} rank(s))")
             log_to_loggers(trainer, {"memory/parameters_mb": params_mb, "memory/optimizer_state_mb": optimizer_mb})
             self._state_reported = True
         per_rank = [row[0] for row in gather_rows(trainer, [peak_memory_mb(trainer.strategy.root_device)])]

@@ -19,8 +19,7 @@ class TestPictures(Callback):
     """Logs ``test/confusion_matrix`` and ``test/misclassified`` (figures) and ``test/acc_class/<class>``.
 
     Args:
-        misclassified: How many misclassified images (rank 0's, in test order) the grid shows.
-    """
+        misclassified: How many misclassified images (rank 0's, in test order) the grid shows."""
 
     def __init__(self, misclassified: int = 32) -> None:
         self.misclassified = misclassified

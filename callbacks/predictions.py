@@ -14,8 +14,7 @@ from torchvision.datasets import FashionMNIST
 class PredictionCSV(BasePredictionWriter):
     """Writes ``predictions.csv`` (index, class_id, class_name) in the run's log folder, or ``output_dir``.
 
-    Each rank predicts its own shard; rank 0 gathers them and writes one file sorted by image index.
-    """
+    Each rank predicts its own shard; rank 0 gathers them and writes one file sorted by image index."""
 
     def __init__(self, output_dir: Optional[str] = None) -> None:
         super().__init__(write_interval="epoch")

@@ -23,7 +23,7 @@ class HostClock:
 
     shared_by_ranks = True  # one host: the ranks' marks compare, so wait is exact
     polled = False  # its marks need no per-step poll: they are read when the epoch's figures are made
-    pooled = False  # a mark is a number: one can serve two batches (an end and the next one's data start)
+    pooled = False  # a mark is a number: never released, and one can serve two batches (an end, the next one's data)
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
@@ -42,9 +42,6 @@ class HostClock:
 
     def seconds(self, mark: float) -> float:
         return mark
-
-    def release(self, mark: float) -> None:
-        """A number: nothing to give back."""
 
 
 class CudaEvents:

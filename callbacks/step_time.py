@@ -43,10 +43,6 @@ class RankEpoch:
     buckets: int = 0
     step_std_s: float = 0.0  # spread of its steps' busy time (data to end, less comm and wait): the model's σ
 
-    @property
-    def wall(self) -> float:
-        return sum(self.parts.values())
-
 
 def _span(end: float, start: float) -> float:
     return end - start if math.isfinite(end) and math.isfinite(start) else 0.0
@@ -144,14 +140,6 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
         busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=estimated)
 
 
-def by_window(marks: Sequence[StepMarks]) -> Dict[int, List[StepMarks]]:
-    """The batches of each window between decision points, windows in order."""
-    groups: Dict[int, List[StepMarks]] = {}
-    for m in marks:
-        groups.setdefault(m.window, []).append(m)
-    return groups
-
-
 def window_vector(window: RankEpoch) -> List[float]:
     """What a rank sends of one window: its parts, then its overlapped seconds."""
     return [*window.parts.values(), window.overlapped_s]
@@ -183,7 +171,9 @@ class EpochParts:
 
     def __init__(self, epoch: RankEpoch, marks: Sequence[StepMarks], sampled_every: int, same_clock: bool) -> None:
         self.epoch, self.marks, self.sampled_every, self.same_clock = epoch, marks, sampled_every, same_clock
-        self.windows = by_window(marks)
+        self.windows: Dict[int, List[StepMarks]] = {}  # the batches of each window between decision points, in order
+        for m in marks:
+            self.windows.setdefault(m.window, []).append(m)
 
     def row(self) -> List[float]:
         e = self.epoch
@@ -227,11 +217,9 @@ def metrics(result: Breakdown) -> Dict[str, float]:
     values.update({"time/slowest_rank": result.slowest_rank, "time/slowest_lead": result.slowest_lead,
                    "time/sampled_every": result.sampled_every,
                    "comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
-    for key, value in (("comm/hidden_share", result.hidden_share), ("comm/algbw_gbps", result.algbw_gbps),
-                       ("comm/busbw_gbps", result.busbw_gbps)):
-        if value is not None:
-            values[key] = value
-    return values
+    optional = {"comm/hidden_share": result.hidden_share, "comm/algbw_gbps": result.algbw_gbps,
+                "comm/busbw_gbps": result.busbw_gbps}  # None (nothing synced, no comm time): left out
+    return {**values, **{key: value for key, value in optional.items() if value is not None}}
 
 
 def format_line(result: Breakdown) -> str:

@@ -1,10 +1,6 @@
 """Stop training once validation accuracy has reached a target for ``patience`` consecutive epochs (the DLI course's
-rule).
-
-Lightning's ``EarlyStopping`` cannot express this: its ``stopping_threshold`` stops at the
-first epoch that reaches the threshold, and its ``patience`` counts epochs *without
-improvement*, not epochs at or above a target.
-"""
+rule). Lightning's ``EarlyStopping`` cannot express this: its ``stopping_threshold`` stops at the first epoch that
+reaches the threshold, and its ``patience`` counts epochs *without improvement*, not epochs at or above a target."""
 
 from typing import Optional
 

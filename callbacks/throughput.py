@@ -124,8 +124,7 @@ def gather_rows(trainer: Trainer, values: List[float]) -> List[List[float]]:
 
 class ThroughputReport(Callback):
     """Prints the workshop's epoch line on rank 0 and logs ``throughput/*`` and ``time/*`` (README, "What a run
-    reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``.
-    At train start it has Lightning decide once who runs each batch-transfer hook (host time every step otherwise)."""
+    reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
     def __init__(self, breakdown: Optional[bool] = None, check_every_n_steps: int = 50,
                  gpu_sample_every: int = 20) -> None:

@@ -6,7 +6,8 @@ from typing import List, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from callbacks.run_record import EpochRecord, read_epochs
+from callbacks.run_record import EpochRecord, read_epochs, write_records
+from callbacks.stop_at_target import StopAtTarget
 
 PLOT_NAME = "time_to_accuracy.png"
 
@@ -54,11 +55,8 @@ class TimeToAccuracy(Callback):
             self._run_dir = Path(trainer.log_dir or ".")  # log_dir is a collective: every rank asks
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        for logger in trainer.loggers:
-            logger.save()  # the last epoch's rows, before they are read back
+        write_records(trainer)  # the last epoch's rows, before they are read back
         if trainer.is_global_zero and self._run_dir is not None:
-            from callbacks.stop_at_target import StopAtTarget
-
             target = next((c.target_accuracy for c in trainer.callbacks if isinstance(c, StopAtTarget)), None)
             folder = Path(self.output_dir) if self.output_dir else self._run_dir
             folder.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,7 @@ Why not Lightning's ``EMAWeightAveraging``: it updates through torch's ``Average
 reads its update count from the device twice per update (``bool(self.n_averaged == 0)``: on a GPU the host waits
 every step) and applies an EMA ``avg_fn`` one tensor at a time. Here the count is a Python int and one ``_foreach``
 kernel updates every tensor. Checkpoints follow Lightning's convention: ``state_dict`` holds the averaged weights
-(what a checkpoint is loaded for), the live ones ride along for an exact resume.
-"""
+(what a checkpoint is loaded for), the live ones ride along for an exact resume."""
 
 from typing import Dict, Optional
 
@@ -57,8 +56,6 @@ class WeightEMA(Callback):
         """The module's floating-point state, as tensors that share storage with it."""
         return {k: v for k, v in pl_module.state_dict(keep_vars=False).items() if v.is_floating_point()}
 
-    # ------------------------------------------------------------------------------------------------ updates
-
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step  # optimizer steps so far: unchanged on accumulation's micro-batches
         if step == self._last_step or step < max(1, self.start_step) or step % self.every_n_steps:
@@ -73,8 +70,6 @@ class WeightEMA(Callback):
             names = list(self._average)
             torch._foreach_lerp_([self._average[k] for k in names], [live[k] for k in names], 1.0 - self.decay)
         self.updates += 1
-
-    # --------------------------------------------------------------------------------------- evaluation swaps
 
     def _swap(self, pl_module: LightningModule) -> None:
         if self._average is None or self._finished:
@@ -100,8 +95,6 @@ class WeightEMA(Callback):
             for name, average in self._average.items():
                 live[name].copy_(average)
             self._finished = True
-
-    # --------------------------------------------------------------------------------------------- checkpoints
 
     def state_dict(self) -> dict:
         return {"updates": self.updates, "last_step": self._last_step}

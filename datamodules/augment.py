@@ -23,11 +23,8 @@ def augmentation_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
 
 
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
-    """Each image shifted by its own offset in [-padding, padding] on both axes; uncovered pixels are 0.
-
-    Same as torchvision's ``RandomCrop(size, padding)`` per image, done for the batch as one
-    zero pad and one gather of an H×W window per image.
-    """
+    """Each image shifted by its own offset in [-padding, padding] on both axes; uncovered pixels are 0: torchvision's
+    ``RandomCrop(size, padding)`` per image, done for the batch as one zero pad and one gather of an H×W window each."""
     if padding <= 0:
         return images
     n, c, h, w = images.shape

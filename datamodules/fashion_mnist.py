@@ -22,7 +22,6 @@ from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, 
 PIXEL_MEAN = 0.2860
 PIXEL_STD = 0.3530
 
-
 _SHIFT = torch.tensor(-PIXEL_MEAN / PIXEL_STD)  # a 0-d CPU tensor: it serves a batch on any device as a scalar
 
 
@@ -50,8 +49,7 @@ class FashionMNISTDataModule(LightningDataModule):
     Args:
         data_dir: Folder holding ``FashionMNIST/raw`` (torchvision's layout). Default:
             ``$FASHION_MNIST_DIR``, else ``./data``.
-        batch_size: Images per device per step. The effective batch is this × devices ×
-            nodes × accumulate_grad_batches.
+        batch_size: Images per device per step. The effective batch is this × devices × nodes × accumulate_grad_batches.
         eval_batch_size: Images per device per validation/test step (does not change results).
         num_workers: DataLoader worker processes. 0 is fastest here: a batch is one tensor gather.
         worker_timeout: With workers, seconds a rank waits for a batch (DataLoader's ``timeout``), then stops with
@@ -74,8 +72,7 @@ class FashionMNISTDataModule(LightningDataModule):
             count through the CLI's link (its batch-norm and LR rule follow it). 1: off.
         val_size: Hold out this many training images (stratified by class, the same for every seed and world size)
             and validate on them; 0: validate on the 10,000-image test split, as the DLI workshop does (then nothing
-            may be selected on validation: the test after fit evaluates the last epoch, not the best).
-    """
+            may be selected on validation: the test after fit evaluates the last epoch, not the best)."""
 
     def __init__(
         self,
@@ -170,10 +167,8 @@ class FashionMNISTDataModule(LightningDataModule):
                 split.to(device)
 
     def _resident_device(self) -> torch.device:
-        """Where the splits live: the GPU this process trains on (with ``keep_on_device``), else host memory.
-
-        Host memory also when DataLoader workers are asked for: a worker process cannot gather from CUDA memory.
-        """
+        """Where the splits live: the GPU this process trains on (with ``keep_on_device``), else host memory (also when
+        DataLoader workers are asked for: a worker process cannot gather from CUDA memory)."""
         trainer = self.trainer
         on_gpu = trainer is not None and trainer.strategy.root_device.type == "cuda"
         if self.keep_on_device and on_gpu and self.num_workers == 0:

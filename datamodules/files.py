@@ -2,8 +2,7 @@
 
 torchvision checks the downloaded archives' MD5 only; a truncated, gzipped or mislabelled IDX file fails later with
 a message that names neither file nor problem, or trains silently on fewer images (docs/reliability.md). Here each
-file's header, size and labels are checked; a problem raises :class:`CorruptDataError` naming the file (exit 65).
-"""
+file's header, size and labels are checked; a problem raises :class:`CorruptDataError` naming the file (exit 65)."""
 
 import math
 import os
@@ -133,11 +132,8 @@ def check_split(images_path: Path, labels_path: Path) -> int:
     (labels,) = read_header(labels_path, 1)
     if labels != count:
         raise _fail(labels_path, f"holds {labels} labels but {images_path.name} holds {count} images")
-    with open(labels_path, "rb") as f:
-        f.seek(8)
-        values = f.read()
-    largest = max(values)
-    if largest >= NUM_CLASSES:
+    values = labels_path.read_bytes()[8:]  # after the labels file's 8-byte header
+    if max(values) >= NUM_CLASSES:
         index = next(i for i, value in enumerate(values) if value >= NUM_CLASSES)
         raise _fail(labels_path, f"label {values[index]} at index {index} is outside 0..{NUM_CLASSES - 1}")
     return count

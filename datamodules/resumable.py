@@ -1,8 +1,7 @@
 """A training loader that resumes mid-epoch at the batch after the last one trained (Lightning restarts a plain
 DataLoader at the epoch's first batch): its position is saved with every checkpoint and the sampler leaves out the
 batches already trained; :func:`check_position` warns, once, whenever a resume cannot continue exactly.
-The story: docs/reliability.md, "Exact resume".
-"""
+The story: docs/reliability.md, "Exact resume"."""
 
 import itertools
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -24,8 +23,7 @@ class ResumableDistributedSampler(DistributedSampler):
     ``resume_at(epoch, skip)``: the next iteration, if it is of ``epoch``, leaves out the first ``skip``
     indices; any iteration clears the request. ``started``: (epoch, indices left out) of the latest iteration.
     ``virtual`` > 1: this process stands for that many consecutive ranks (``num_replicas`` counts them all, ``rank``
-    is the first): each step's indices are their batches of ``batch`` in rank order, as their own samplers give them.
-    """
+    is the first): each step's indices are their batches of ``batch`` in rank order, as their own samplers give them."""
 
     def __init__(self, *args: Any, virtual: int = 1, batch: int = 1, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

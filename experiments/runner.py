@@ -156,10 +156,7 @@ def commands(spec: RunSpec, budget: Budget, max_ranks_per_node: int) -> List[Lis
 
 def read_summary(path: Path) -> dict:
     """hparams.yaml, flat: the network's and optimizer's short names, their init_args beside the other values."""
-    if not path.is_file():
-        return {}
-    with open(path) as f:
-        loaded = yaml.safe_load(f)  # plain values: numbers, strings and the class paths' dicts
+    loaded = yaml.safe_load(path.read_text()) if path.is_file() else None  # numbers, strings, the class paths' dicts
     if not isinstance(loaded, dict):
         return {}
     summary = {key: value for key, value in loaded.items() if not isinstance(value, dict)}
@@ -297,7 +294,6 @@ def add_budget_arguments(parser, out_dir: str, epochs: int, train_subset: int, t
     parser.add_argument("--timeout_s", type=float, default=Budget.timeout_s, help="per run")
     parser.add_argument("--max_ranks_per_node", type=int, default=None,
                         help="more processes than this run as torchrun 'nodes' on 127.0.0.1; default: 8 per CPU core")
-    parser.add_argument("--seed", type=int, default=Budget.seed, help="train.py --seed of every run")
     parser.add_argument("--threads", type=int, default=Budget.threads,
                         help="OMP_NUM_THREADS of every process: 1 makes one process one device (one core)")
     parser.add_argument("--report_only", action="store_true",
@@ -332,7 +328,7 @@ def run_command(module: str, argv: Optional[Sequence[str]], specs: Sequence[RunS
 def budget_from(args) -> Budget:
     return Budget(epochs=args.epochs, train_subset=args.train_subset or None, network=args.network,
                   data_dir=args.data_dir, target=args.target, timeout_s=args.timeout_s, threads=args.threads,
-                  seed=args.seed, val_size=args.val_size, parallel=args.parallel, resume=args.resume)
+                  val_size=args.val_size, parallel=args.parallel, resume=args.resume)
 
 
 def run_all(specs: Sequence[RunSpec], budget: Budget, out_dir: Path, max_ranks_per_node: Optional[int] = None):

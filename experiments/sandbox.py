@@ -78,13 +78,6 @@ def batches(cfg: SandboxConfig):
             yield x, y
 
 
-def sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
-    optimizer.zero_grad()
-    loss = ((model(x) - y) ** 2).mean(dim=1).sum()  # each experiment's MSE; the sum keeps their gradients apart
-    loss.backward()
-    optimizer.step()
-
-
 def train(cfg: SandboxConfig, batch: int, lr: float, slices: List[int], model: Optional[nn.Module] = None,
           neurons: Optional[Neurons] = None) -> torch.Tensor:
     """Train on slices of every global batch; returns w after each step, (steps + 1, n_experiments).
@@ -97,7 +90,11 @@ def train(cfg: SandboxConfig, batch: int, lr: float, slices: List[int], model: O
     trajectory = [neurons.w.detach().clone()]
     for x, y in batches(cfg):
         for r in slices:
-            sgd_step(model, optimizer, x[:, r * batch:(r + 1) * batch], y[:, r * batch:(r + 1) * batch])
+            part = slice(r * batch, (r + 1) * batch)
+            optimizer.zero_grad()
+            # each experiment's MSE; the sum keeps their gradients apart
+            ((model(x[:, part]) - y[:, part]) ** 2).mean(dim=1).sum().backward()
+            optimizer.step()
             trajectory.append(neurons.w.detach().clone())
     return torch.stack(trajectory)
 

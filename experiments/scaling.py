@@ -157,11 +157,9 @@ def train_run(devices: int, network: str, batch: int, subset: int, epochs: int) 
             values.update({k: float(v) for k, v in row.items() if v not in (None, "")})
     steady = [v for e, v in sorted(epochs_rows.items()) if e >= 1 and "throughput/images_per_sec" in v]
     steps = subset // (batch * devices)
-    parts = {p: statistics.mean(v.get(f"time/{p}/rank0", 0.0) for v in steady) / steps
-             for p in ("data", "forward", "backward", "comm", "wait", "optimizer", "other")}
+    parts = {p: statistics.mean(v.get(f"time/{p}/rank0", 0.0) for v in steady) / steps for p in BUSY}
     return {"images_per_sec": statistics.median(v["throughput/images_per_sec"] for v in steady), "parts": parts,
-            "sigma": statistics.mean(v.get("time/step_std_s/rank0", 0.0) for v in steady),
-            "gradient_bytes": int(max(v.get("comm/gradient_bytes", 0) for v in steady))}
+            "sigma": statistics.mean(v.get("time/step_std_s/rank0", 0.0) for v in steady)}
 
 
 def gradient_bytes_of(network: str) -> int:
@@ -193,8 +191,7 @@ def measure(args) -> None:
     print(f"contention s(2) = {slow[2]:.3f}, median of {len(pairs)} (range {min(pairs):.3f}-{max(pairs):.3f}; 2 "
           f"independent one-thread loops against one)", flush=True)
     ones = measured[1]
-    one = OneRank(args.batch_size, *(statistics.median(r["parts"][p] for r in ones)
-                                     for p in ("data", "forward", "backward", "optimizer", "other")),
+    one = OneRank(args.batch_size, *(statistics.median(r["parts"][p] for r in ones) for p in BUSY),
                   sigma=statistics.median(r["sigma"] for r in ones))
     grad = gradient_bytes_of(args.network)
     cores = len(os.sched_getaffinity(0))

@@ -87,8 +87,7 @@ class FashionMNISTClassifier(LightningModule):
             docs/benchmarks.md; cuDNN under mixed precision); the outputs equal NCHW's up to float rounding.
         compile: ``torch.compile`` the network (the first step pays the compilation; the epoch-1 line says how long):
             ``true`` in torch's default mode, or a mode by name (``reduce-overhead``: CUDA graphs, for a small step
-            bound by kernel launches; ``max-autotune``).
-    """
+            bound by kernel launches; ``max-autotune``)."""
 
     def __init__(self, network: nn.Module, optimizer: OptimizerCallable, lr_policy: LRPolicy = LRPolicy(),
                  batch_size: PositiveInt = 128, virtual_devices: PositiveInt = 1,

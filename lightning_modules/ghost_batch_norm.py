@@ -2,8 +2,7 @@
 of ``ghost_batch_size`` samples with their own statistics, bringing back a small batch's normalisation noise at any
 batch. Running statistics get one update per step (the sub-batches' mean); evaluation, parameters and state_dict
 keys are plain batch-norm's, so checkpoints load either way. A batch that g does not divide is cut into B // g
-nearly equal parts (none smaller than g).
-"""
+nearly equal parts (none smaller than g)."""
 
 from typing import Optional
 
@@ -92,10 +91,8 @@ _GHOST = {nn.BatchNorm1d: GhostBatchNorm1d, nn.BatchNorm2d: GhostBatchNorm2d, nn
 def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: Optional[int] = None,
                          ghost_batches: Optional[int] = None) -> nn.Module:
     """Replace every ``nn.BatchNorm1d/2d/3d`` inside ``module`` by its ghost version, in place; returns ``module``.
-
-    Weights, running statistics, momentum, eps and training mode are kept. A network
-    without batch-norm (``mlp``) is returned unchanged.
-    """
+    Weights, running statistics, momentum, eps and training mode are kept; a network without batch-norm (``mlp``) is
+    returned unchanged."""
     given = [value for value in (ghost_batch_size, ghost_batches) if value is not None]
     if len(given) != 1 or given[0] < 1:
         raise ValueError(f"give one of ghost_batch_size and ghost_batches, >= 1: {ghost_batch_size}, {ghost_batches}")
@@ -107,14 +104,9 @@ def use_ghost_batch_norm(module: nn.Module, ghost_batch_size: Optional[int] = No
             use_ghost_batch_norm(child, ghost_batch_size, ghost_batches)
             continue
         like = next((t for t in (*child.parameters(), *child.buffers()) if t.is_floating_point()), None)
-        ghost = ghost_class(
-            child.num_features,
-            eps=child.eps,
-            momentum=child.momentum,
-            affine=child.affine,
-            track_running_stats=child.track_running_stats,
-            **({"device": like.device, "dtype": like.dtype} if like is not None else {}),
-        )
+        ghost = ghost_class(child.num_features, eps=child.eps, momentum=child.momentum, affine=child.affine,
+                            track_running_stats=child.track_running_stats,
+                            **({"device": like.device, "dtype": like.dtype} if like is not None else {}))
         ghost.ghost_batch_size, ghost.ghost_batches = ghost_batch_size, ghost_batches
         ghost.load_state_dict(child.state_dict())
         ghost.train(child.training)

@@ -53,8 +53,7 @@ class LRPolicy:
             single-device lr to the scaled one); lower for a one-cycle style ramp.
         schedule: After warm-up: ``constant``, ``cosine`` (to zero at the last step) or ``step``.
         step_epochs: For ``step``: epochs between decays.
-        gamma: For ``step``: the factor of each decay.
-    """
+        gamma: For ``step``: the factor of each decay."""
 
     scaling: ScalingRule = "linear"
     base_batch_size: Optional[PositiveInt] = None
@@ -89,7 +88,6 @@ class LRPolicy:
             lr_factor, warmup_steps=rates.warmup_steps, warmup_start_factor=rates.warmup_start_lr / rates.scaled_lr,
             total_steps=plan.total_steps, schedule=self.schedule,
             step_size=max(1, round(self.step_epochs * max(plan.steps_per_epoch, 1))), gamma=self.gamma))
-
 
 
 def continue_schedule(scheduler: LambdaLR, step: int) -> None:

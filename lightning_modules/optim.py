@@ -10,7 +10,6 @@ from typing import Callable, Dict, Iterable, List, Literal, Optional
 
 import torch
 from torch import nn
-
 from torch.distributed.tensor import DTensor
 
 from lightning_modules.networks import NORM_LAYERS
@@ -67,8 +66,6 @@ def param_groups(model: nn.Module) -> List[Dict]:
 
 
 OptimizerFactory = Callable[[Iterable], torch.optim.Optimizer]
-
-
 WORKING_OPTIMIZERS = "torch.optim.SGD, torch.optim.AdamW, torch.optim.RAdam or the shorthands (docs/cli.md)"
 
 

@@ -10,15 +10,14 @@ from fashion_mnist_dp.runtime.agreement import DEFAULT_CHECK_EVERY_N_STEPS, Agre
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.divergence import DivergenceGuard
 from fashion_mnist_dp.runtime.faults import JobFaults
-from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, mark_launcher, release_process_group
+from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, is_launched_rank, release_process_group
 from fashion_mnist_dp.runtime.signals import (PEER_FAILED, SIGNALS, Handlers, Preemption, die_with_parent,
                                               end_peer_tasks, handled)
 from fashion_mnist_dp.runtime.resume import RngState, TensorBoardRun
 
 __all__ = ["Agreement", "DEFAULT_CHECK_EVERY_N_STEPS", "DivergenceGuard", "JobFaults", "PEER_FAILED", "Preemption",
-           "RngState", "SIGNALS",
-           "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order", "end_peer_tasks",
-           "guarded_process", "safety_off"]
+           "RngState", "SIGNALS", "TensorBoardRun", "TrainingLoss", "VerifiedCheckpointIO", "check_order",
+           "end_peer_tasks", "guarded_process", "safety_off"]
 
 # The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries (docs/reliability.md).
 SAFETY = {
@@ -45,7 +44,8 @@ def guarded_process() -> Iterator[Handlers]:
     process group released while the interpreter is whole."""
     die_with_parent()
     launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
-    mark_launcher()
+    if not is_launched_rank():  # a launching train.py: its ranks check that their parent is this pid (die_with_parent)
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     try:
         with handled() as handlers:
             try:

@@ -1,17 +1,6 @@
-"""The ranks' one agreement: what every rank must decide alike (stop on a signal, stop on divergence) is decided at
-the same points on every rank, with one all_gather and one host read, and never in between.
-
-Decision points, the same on every rank:
-
-* after optimizer step k when k is a multiple of ``check_every_n_steps`` (default 50);
-* at the end of every validation during fit (it judges the accuracy) and of every training epoch;
-* before any checkpoint is written (``on_save_checkpoint``) if a batch was trained since the last
-  point: so a NaN is never saved.
-
-Between points the steady-state step reads nothing back from the device: participants accumulate what
-they see in device tensors. A signal is acted on at the next point, so it stops the run at most
-``check_every_n_steps`` optimizer steps later (docs/reliability.md gives the measured delay).
-"""
+"""The ranks' one agreement: what every rank must decide alike is decided at the same decision points, with one
+all_gather and one host read; in between, participants note what they see in device tensors and read nothing back.
+When the points come: docs/reliability.md, "The ranks' one agreement"."""
 
 import math
 from typing import List, Optional, Sequence

@@ -11,22 +11,17 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
-CLI_PRIVATE_KEYS = ("_instantiator",)  # LightningCLI stores it in hparams; not a hyperparameter
-
-
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's signal handlers and its per-batch SIGTERM broadcast off: runtime/signals.py replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
-BATCH_LIMITS = tuple(f"trainer.limit_{stage}_batches" for stage in ("train", "val", "test", "predict"))
-
-
 def batch_limits_count_first(parser) -> None:
     """``limit_*_batches``: a whole number is a count (jsonargparse tried float first: ``1`` meant every batch)."""
+    limits = {f"trainer.limit_{stage}_batches" for stage in ("train", "val", "test", "predict")}
     for action in parser._actions:
-        if action.dest in BATCH_LIMITS:
+        if action.dest in limits:
             action._typehint = Union[int, float, None]
 
 
@@ -136,7 +131,7 @@ def fsdp_collectives(module) -> tuple:
 
 def launched_children(trainer: Trainer) -> List[Any]:
     """The rank processes Lightning's launcher started from this process (none in a rank it started)."""
-    procs = getattr(trainer.strategy.launcher, "procs", None) if trainer.strategy.launcher is not None else None
+    procs = getattr(trainer.strategy.launcher, "procs", None)  # the launcher may be None
     return list(procs) if isinstance(procs, list) else []
 
 
@@ -155,4 +150,5 @@ def shard_over_every_rank(strategy) -> None:
 
 
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
-    return {key: value for key, value in params.items() if key not in CLI_PRIVATE_KEYS}
+    """Without ``_instantiator``: LightningCLI stores it in hparams; not a hyperparameter."""
+    return {key: value for key, value in params.items() if key != "_instantiator"}

@@ -1,11 +1,5 @@
-"""Divergence: every rank stops at the same point when training diverged, and no checkpoint keeps its weights.
-
-Lightning trains on with a NaN loss to the last epoch and exits 0. Here each rank notes, on the device
-and without reading anything back, the first optimizer step at which its loss or (its shard of) the
-gradients was not finite; at each decision point (fashion_mnist_dp/runtime/agreement.py) it adds whether its weights and
-batch-norm statistics are finite now, and after validation whether accuracy is at chance one epoch
-after warm-up. Any rank's report stops every rank: :class:`~runtime.errors.TrainingDiverged`, exit 70.
-"""
+"""Divergence: every rank stops at the same point when training diverged (Lightning trains on with a NaN loss and exits
+0), exit 70, and no checkpoint keeps its weights: docs/reliability.md, "Divergence"."""
 
 import math
 from typing import List, Optional, Sequence
@@ -43,8 +37,7 @@ def tensor_norms(tensors: Sequence[Optional[torch.Tensor]], device: torch.device
 
 def first_non_finite(tensors: Sequence[Optional[torch.Tensor]], device: Optional[torch.device] = None) -> torch.Tensor:
     """Index of the first tensor holding a nan or inf, or -1, as a device scalar (nothing waits for it)."""
-    present = [t for t in tensors if t is not None]
-    device = device or (present[0].device if present else torch.device("cpu"))
+    device = device or next((t.device for t in tensors if t is not None), torch.device("cpu"))
     bad = ~torch.isfinite(tensor_norms(tensors, device))
     if bad.numel() == 0:
         return torch.full((), -1, device=device)
@@ -72,9 +65,8 @@ def advice(base_lr: Optional[float], fsdp: bool, scaled_lr: Optional[float] = No
     lr = f" (now {base_lr:g})" if base_lr is not None else ""
     if base_lr is not None and scaled_lr is not None and not math.isclose(scaled_lr, base_lr):
         lr = f" (now {base_lr:g}, scaled to {scaled_lr:.4g} for the effective batch {effective_batch})"
-    optimizers = ", or a layer-wise optimizer (--optimizer lamb)" if fsdp else \
-        ", or a layer-wise optimizer (--optimizer novograd or lamb)"
-    return f"try a warm-up (--warmup_epochs 1 or more), a lower --lr{lr}{optimizers}"
+    optimizer = "--optimizer lamb" if fsdp else "--optimizer novograd or lamb"
+    return f"try a warm-up (--warmup_epochs 1 or more), a lower --lr{lr}, or a layer-wise optimizer ({optimizer})"
 
 
 def describe(loss_nan: bool, loss_inf: bool, gradient: Optional[str], weight: Optional[str]) -> str:
@@ -191,18 +183,14 @@ class DivergenceGuard(Participant):
         warmup = float(getattr(getattr(pl_module, "lr_policy", None), "warmup_epochs", 0.0) or 0.0)
         limit = trainer.limit_train_batches
         smoke_test = (isinstance(limit, int) and not isinstance(limit, bool)) or (limit is not None and limit < 1.0)
-        epoch = trainer.current_epoch + self._epoch_fraction(trainer)
+        total = trainer.num_training_batches
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # validation may run mid-epoch
+        fraction = min(1.0, done / total) if isinstance(total, int) and total > 0 and done else 1.0  # 1.0 at epoch end
+        epoch = trainer.current_epoch + fraction
         if accuracy is None or smoke_test or not past_warmup(epoch, warmup, self.epochs_after_warmup):
             return torch.zeros((), device=pl_module.device)
         accuracy = torch.as_tensor(accuracy, device=pl_module.device).float()
         return ((~torch.isfinite(accuracy)) | (accuracy <= self.chance_accuracy)).float()
-
-    @staticmethod
-    def _epoch_fraction(trainer: Trainer) -> float:
-        """How much of the current epoch has been trained when validation runs (1.0 at epoch end)."""
-        total = trainer.num_training_batches
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
-        return min(1.0, done / total) if isinstance(total, int) and total > 0 and done else 1.0
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         first, loss_nan, loss_inf, gradient_bad, gradient_index, weight_index, at_chance = merge(rows)

@@ -85,7 +85,6 @@ class Preempted(UserFacingError):
     """A signal: 143 (SIGTERM, SIGUSR1) or 130 (Ctrl-C); a stop of every rank after a verified last.ckpt, rank 0 says
     it, or (``every_rank``) a Ctrl-C where this process had no step to stop at."""
     prefix = ""
-    every_rank = False
 
     def __init__(self, message: str, exit_code: int, rank: Optional[int] = None, children: Sequence = (),
                  every_rank: bool = False) -> None:
@@ -116,15 +115,6 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def _without_type_dump(line: str) -> str:
-    """jsonargparse's message about a class path's argument without its dump of the type and the whole value."""
-    line = re.sub(r"Type typing\.Callable\[.*?\] expects a function or a callable class: ", "", line)
-    return re.sub(r"\.? Got value: Namespace\(.*\)$", ".", line)
-
-
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
-
-
 def note_failed_write(what: str, error: OSError) -> None:
     """A write on a failure path failed: named in the stop line, as a note on the exception being handled."""
     handled = sys.exc_info()[1]
@@ -132,6 +122,7 @@ def note_failed_write(what: str, error: OSError) -> None:
         handled.add_note(f"{what} not written either: {error.strerror or error}")
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 _VAL_CHECK_BEYOND_EPOCH = re.compile(
     r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the training batches \((\d+)\)")
 
@@ -140,8 +131,9 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
     """The table's entry for ``error``: itself, or the user-facing error a foreign one stands for; None for a bug."""
     if isinstance(error, UserFacingError):
         return error
-    if isinstance(error, ArgumentError):
-        return ConfigError(_without_type_dump(one_line(error)))
+    if isinstance(error, ArgumentError):  # without jsonargparse's dump of a class path argument's type and value
+        line = re.sub(r"Type typing\.Callable\[.*?\] expects a function or a callable class: ", "", one_line(error))
+        return ConfigError(re.sub(r"\.? Got value: Namespace\(.*\)$", ".", line))
     if isinstance(error, MisconfigurationException):
         return ConfigError(one_line(error))
     if isinstance(error, (DataNotFoundError, CorruptDataError)):

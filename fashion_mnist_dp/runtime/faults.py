@@ -1,6 +1,7 @@
 """Faults of the job (a rank stuck or lost, a peer that never joined, a busy port, a stalled data worker): one line
 and exit 75 from torch's messages; docs/reliability.md, "No hang"."""
 
+import atexit
 import contextlib
 import re
 from typing import Optional
@@ -9,7 +10,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from fashion_mnist_dp.runtime import compat
-from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers, kill_stuck_workers_at_exit
+from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers
 
 
 def _configured_timeout() -> str:
@@ -72,10 +73,6 @@ def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional
     return None
 
 
-def is_data_stall(error: BaseException) -> bool:
-    return isinstance(error, RuntimeError) and "DataLoader timed out after" in str(error)
-
-
 def no_checkpoint_on_exception(trainer: Trainer) -> None:
     """Switch off the checkpoint-on-exception callbacks for the exception being handled (this trainer only)."""
     for callback in trainer.callbacks:
@@ -90,12 +87,13 @@ class JobFaults(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if getattr(trainer.datamodule, "num_workers", 0):
-            kill_stuck_workers_at_exit()
+            atexit.unregister(kill_data_workers)  # once, however many setups
+            atexit.register(kill_data_workers)  # at exit, before multiprocessing's hook waits for a stuck one forever
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if describe_fault(exception) is None:
             return
-        if is_data_stall(exception):
+        if "DataLoader timed out after" in str(exception):  # a stalled data worker
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         if trainer.world_size > 1:
             no_checkpoint_on_exception(trainer)

@@ -1,7 +1,6 @@
 """Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
 torchrun's restarts: docs/reliability.md, "No hang"."""
 
-import atexit
 import contextlib
 import multiprocessing
 import os
@@ -20,8 +19,7 @@ DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optional[float] = None) -> timedelta:
     """``collective_timeout``, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s; ValueError unless > 0."""
-    name, raw = ("collective_timeout", str(seconds)) if seconds is not None else \
-        (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, ""))
+    name, raw = (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, "")) if seconds is None else ("collective_timeout", str(seconds))
     if not raw.strip():
         return timedelta(seconds=DEFAULT_TIMEOUT_S)
     try:
@@ -36,8 +34,7 @@ def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optiona
 def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
     """Give every registered ddp/fsdp strategy name ``timeout`` (else torch's 30 min)."""
     timeout = collective_timeout() if timeout is None else timeout
-    for name in list(StrategyRegistry):
-        entry = StrategyRegistry[name]
+    for entry in StrategyRegistry.values():
         strategy = entry.get("strategy")
         if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
             entry.setdefault("init_params", {})["timeout"] = timeout
@@ -66,30 +63,17 @@ def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
                                                            "LOCAL_RANK"))
 
 
-def mark_launcher(environ=os.environ) -> None:
-    """In a launching train.py, tell the ranks it will start its pid (signals.die_with_parent)."""
-    if not is_launched_rank(environ):
-        environ[LAUNCHER_PID_ENV] = str(os.getpid())
-
-
 def data_worker_timeout(timeout: timedelta) -> float:
     """Half the collective timeout, so the rank whose worker stalled reports first."""
     return timeout.total_seconds() / 2
 
 
 def release_process_group() -> None:
-    """Destroy the default process group while the interpreter is whole: left to its exit, gloo's worker threads can
-    abort the process ("terminate called without an active exception", pytorch/pytorch#190489), and a rank's exit
-    code became -6. Lightning destroys it at exit for NCCL only."""
+    """Destroy the default process group while the interpreter is whole: left to its exit, gloo's threads can abort the
+    process (exit -6; Lightning destroys it for NCCL only): docs/reliability.md, "No hang", pytorch/pytorch#190489."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         with contextlib.suppress(RuntimeError):  # on the way out after a fault: the exit code and its line stand
             torch.distributed.destroy_process_group()
-
-
-def kill_stuck_workers_at_exit() -> None:
-    """An exit hook (once) that SIGKILLs data workers before multiprocessing's own waits for them forever."""
-    atexit.unregister(kill_data_workers)
-    atexit.register(kill_data_workers)
 
 
 def kill_data_workers() -> None:

@@ -41,7 +41,7 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
             attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
     """``--ckpt_path`` as a file, or a new run (docs/reliability.md, "Checkpoints" and "torchrun restarts");
     ``elsewhere``: other experiments' folders with a last checkpoint, named when ``last`` finds none here."""
-    if not ckpt_path or "://" in ckpt_path or ckpt_path.split(":")[0] == "registry":
+    if not ckpt_path or checkpoint_io.is_remote(ckpt_path) or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
     if ckpt_path == "best":
@@ -133,12 +133,11 @@ class RngState(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The epoch's iterator is created again after the restore: it drew its base seed before."""
-        if self._pending is None:
-            return
-        restore(self._pending)
-        self._pending = None
-        if trainer.current_epoch > 0:
-            compat.recreate_train_iterator(trainer)
+        if self._pending is not None:
+            restore(self._pending)
+            self._pending = None
+            if trainer.current_epoch > 0:
+                compat.recreate_train_iterator(trainer)
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch, batch_idx: int) -> None:
         if self._pending is not None:  # resumed mid-epoch: Lightning skips on_train_epoch_start

@@ -39,18 +39,15 @@ def set_death_signal() -> bool:
         return False
 
 
-def die_with_parent(environ: Mapping[str, str] = os.environ) -> bool:
+def die_with_parent(environ: Mapping[str, str] = os.environ) -> None:
     """In a launched rank, be SIGKILLed when the launcher dies (Linux); exit at once if it already has."""
-    if not is_launched_rank(environ):
-        return False
-    parent = os.getppid()
-    if not set_death_signal():
-        return False
+    parent = os.getppid()  # before the request: a parent that dies before it took shows as a changed ppid below
+    if not is_launched_rank(environ) or not set_death_signal():
+        return
     lightning_rank = not ({"TORCHELASTIC_RUN_ID", "SLURM_PROCID"} & set(environ))  # torchrun/srun: the agent is parent
     launcher = environ.get(LAUNCHER_PID_ENV, "") if lightning_rank else ""
     if os.getppid() != parent or (launcher.isdigit() and int(launcher) != parent):
         os._exit(int(ExitCode.LAUNCHER_GONE))
-    return True
 
 
 def srun_step(environ: Mapping[str, str] = os.environ) -> Optional[str]:

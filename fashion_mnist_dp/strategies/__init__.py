@@ -10,12 +10,9 @@ __all__ = ["CPU_NAME", "DataParallelStrategy", "FullyShardedStrategy", "is_fsdp"
 
 
 def register_strategies() -> None:
-    if "dp" not in StrategyRegistry:
-        StrategyRegistry.register(
-            "dp", DataParallelStrategy, description="DataParallel: one process, batch split over the visible GPUs"
-        )
-    if StrategyRegistry["fsdp"]["strategy"] is not FullyShardedStrategy:
-        for name in ("fsdp", CPU_NAME):
-            StrategyRegistry.register(name, FullyShardedStrategy, override=True,
-                                      description="FSDP2 (fully_shard): each rank holds 1/N of every parameter")
-
+    """Every process calls it; registering again (override) leaves the same entries."""
+    StrategyRegistry.register("dp", DataParallelStrategy, override=True,
+                              description="DataParallel: one process, batch split over the visible GPUs")
+    for name in ("fsdp", CPU_NAME):
+        StrategyRegistry.register(name, FullyShardedStrategy, override=True,
+                                  description="FSDP2 (fully_shard): each rank holds 1/N of every parameter")
