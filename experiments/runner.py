@@ -65,7 +65,8 @@ class Budget:
     resume: bool = False  # keep the runs that finished before in out_dir (their result.json), train the others
 
     def flags(self, seed: Optional[int] = None) -> List[str]:
-        flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(seed or self.seed),
+        seed = self.seed if seed is None else seed  # --seeds 0 is seed 0
+        flags = ["--network", self.network, "--epochs", str(self.epochs), "--seed", str(seed),
                  "--test_after_fit", "false", "--data.val_size", str(self.val_size)]
         if self.train_subset:
             flags += ["--data.train_subset", str(self.train_subset)]

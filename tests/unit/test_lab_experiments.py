@@ -44,6 +44,8 @@ def test_ranks_beyond_the_cores_run_as_torchrun_nodes_on_localhost():
         assert argv[argv.index("--data.train_subset") + 1] == "100" and argv[-8:-6] == ["--lr", "0.1"]
         assert argv[argv.index("--seed") + 1] == "42"
     assert node0[node0.index("--master_port") + 1] == node1[node1.index("--master_port") + 1]
+    seed_zero, = commands(RunSpec("d", "sgd", 1, seed=0), budget, 2)
+    assert seed_zero[seed_zero.index("--seed") + 1] == "0"  # --seeds 0,1,2: seed 0 is not the budget's 42
 
 
 def test_train_subset_keeps_the_first_n_training_images(fashion_root):
