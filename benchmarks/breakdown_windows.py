@@ -24,6 +24,7 @@ from benchmarks import launch
 
 NETWORK, BATCH, WINDOW, WINDOWS = "cnn", 128, 200, 20
 
+
 class AlternatingWindows(Callback):
     """Times ``windows`` × 2 windows of ``window`` steps, the breakdown on in even ones and paused in odd ones;
     writes {"on": [s/step...], "off": [...]} to ``$BREAKDOWN_WINDOWS_OUT`` and stops the run."""

@@ -11,6 +11,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
+
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's signal handlers and its per-batch SIGTERM broadcast off: runtime/signals.py replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
