@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -165,7 +166,8 @@ class FashionMNISTCLI(LightningCLI):
         """The test after fit: the best checkpoint by val/acc; the last weights if validation used the test split."""
         if self.trainer.interrupted or not self.config.fit.test_after_fit:
             return
-        checkpoint = self.trainer.checkpoint_callback  # the first ModelCheckpoint: the best by val/acc
+        # The first ModelCheckpoint (Lightning's checkpoint_callback may be another Checkpoint): the best by val/acc
+        checkpoint = next((c for c in self.trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None)
         best = checkpoint.best_model_path if checkpoint is not None else ""
         if getattr(self.datamodule, "validates_on_test_split", False):
             best = ""

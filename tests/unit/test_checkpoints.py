@@ -4,10 +4,12 @@
 from datetime import timedelta
 
 import pytest
+import yaml
 from lightning.pytorch import Trainer, callbacks
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from callbacks.checkpoints import ModelCheckpoint
+from fashion_mnist_dp.cli.app import main
 
 
 def test_the_state_key_is_lightnings_and_is_formatted_once(monkeypatch):
@@ -35,3 +37,17 @@ def test_it_saves_at_the_steps_lightnings_saves_at(tmp_path, settings):
         trainer.fit(BoringModel())
         saved[name] = sorted(path.name for path in folder.glob("*.ckpt"))
     assert saved["ours"] == saved["lightning"] and len(saved["ours"]) >= 2
+
+
+def test_the_test_after_fit_finds_the_best_checkpoint_behind_another_checkpoint_callback(workdir, fashion_root, caplog):
+    """Lightning's ``checkpoint_callback`` is the first ``Checkpoint`` of any kind: here OnExceptionCheckpoint, which
+    has no best_model_path. The test after fit still loads the ModelCheckpoint's best."""
+    config = workdir / "callbacks.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {"callbacks": [
+        {"class_path": "lightning.pytorch.callbacks.OnExceptionCheckpoint", "init_args": {"dirpath": "on_exception"}},
+        {"class_path": "callbacks.checkpoints.ModelCheckpoint", "init_args": {"monitor": "val/acc", "mode": "max"}}]}}))
+    caplog.set_level("INFO")
+    assert main(["--config", str(config), "--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "2",
+                 "--data.val_size", "50"]) == 0
+    restored = [r.getMessage() for r in caplog.records if "Restoring states from the checkpoint path" in r.getMessage()]
+    assert len(restored) == 1 and "epoch=" in restored[0]  # the test after fit, from the best by val/acc
