@@ -120,15 +120,3 @@ def checkpoint_folders(config) -> List[str]:
     entries = _entries(config.trainer.callbacks or [], ModelCheckpoint)
     return sorted({str(Path(entry.init_args.dirpath).absolute()) for _, entry in entries if entry.init_args.dirpath})
 
-
-def last_checkpoints(folders: List[str]) -> set:
-    """The ``last*.ckpt`` files in ``folders`` (Lightning's last checkpoints)."""
-    return {str(path) for folder in folders for path in Path(folder).glob("last*.ckpt")}
-
-
-def other_experiments(config, folders: List[str]) -> List[str]:
-    """The checkpoint folders of other experiments under ``default_root_dir`` that hold a last checkpoint."""
-    root = Path(config.trainer.default_root_dir or DEFAULT_ROOT).absolute()
-    mine = {Path(folder) for folder in folders}
-    return sorted(str(folder) for folder in root.glob("*/checkpoints")
-                  if folder not in mine and any(folder.glob("last*.ckpt")))

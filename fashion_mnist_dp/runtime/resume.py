@@ -6,7 +6,7 @@ import random
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -37,10 +37,11 @@ def hpc_checkpoint(root) -> str:
     return str(found[max(found)].absolute())
 
 
-def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, restarts: int = 0,
-            attempt: int = 1, elsewhere: Sequence[str] = ()) -> Resume:
+def resolve(ckpt_path: Optional[str], folders: Sequence, restarts: int = 0, attempt: int = 1,
+            root: Optional[str] = None) -> Resume:
     """``--ckpt_path`` as a file, or a new run (docs/reliability.md, "Checkpoints" and "torchrun restarts");
-    ``elsewhere``: other experiments' folders with a last checkpoint, named when ``last`` finds none here."""
+    ``folders``: the run's checkpoint folders; ``root``: the default_root_dir whose other experiments with a last
+    checkpoint ``last`` names when it finds none in ``folders``."""
     if not ckpt_path or checkpoint_io.is_remote(ckpt_path) or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
@@ -55,11 +56,14 @@ def resolve(ckpt_path: Optional[str], last_files: Iterable, folders: Sequence, r
             raise CheckpointError(f"checkpoint not found: {ckpt_path}; give an existing .ckpt file, or "
                                   f"--ckpt_path last")
         return Resume(ckpt_path)
-    last_files = {Path(p) for p in last_files}
+    last_files = {path for folder in folders for path in Path(folder).glob("last*.ckpt")}  # Lightning's last ones
     if not last_files and restarts > 0:
         return Resume(None, lines=(f"--ckpt_path last: no last checkpoint in {where} yet: starting a new run "
                                    f"(torchrun attempt {attempt} of {restarts + 1})",))
     if not last_files:
+        mine = {Path(folder) for folder in folders}
+        experiments = Path(root).absolute().glob("*/checkpoints") if root is not None else ()
+        elsewhere = sorted(str(f) for f in experiments if f not in mine and any(f.glob("last*.ckpt")))
         others = (f"; other experiments have one ({', '.join(elsewhere)}): the folder is named by the run's network, "
                   f"strategy, devices, batch and optimizer, so resume one with the flags it ran with"
                   if elsewhere else "")

@@ -128,9 +128,9 @@ def save(path: Path, step: int = 8, mtime: float = 0.0) -> Path:
 
 def test_last_resolves_to_the_newest_valid_last_checkpoint_and_continues_its_run(tmp_path):
     old, new = save(tmp_path / "last-v1.ckpt", mtime=time.time() - 60), save(tmp_path / "last.ckpt")
-    assert resolve("last", {old, new}, [tmp_path]) == Resume(str(new), continue_run=True)
+    assert resolve("last", [tmp_path]) == Resume(str(new), continue_run=True)
     new.write_bytes(new.read_bytes()[:-10])  # truncated: skipped with a warning
-    resumed = resolve("last", {old, new}, [tmp_path])
+    resumed = resolve("last", [tmp_path])
     assert resumed.path == str(old) and resumed.continue_run
     assert resumed.lines[0].startswith("warning: checkpoint") and "last.ckpt is damaged" in resumed.lines[0]
     assert resumed.lines[1].startswith("warning: --ckpt_path last resumes from")
@@ -140,28 +140,28 @@ def test_last_falls_back_to_any_valid_checkpoint_and_fails_when_none_is(tmp_path
     best = save(tmp_path / "best-epoch00.ckpt")
     last = tmp_path / "last.ckpt"
     last.write_bytes(b"not a checkpoint")
-    assert resolve("last", {last}, [tmp_path]).path == str(best)
+    assert resolve("last", [tmp_path]).path == str(best)
     best.unlink()
     with pytest.raises(CheckpointError, match="--ckpt_path last found no valid checkpoint"):
-        resolve("last", {last}, [tmp_path])
+        resolve("last", [tmp_path])
 
 
 def test_last_with_nothing_saved_is_refused_except_under_torchrun_restarts(tmp_path):
     with pytest.raises(CheckpointError, match=r"no last checkpoint \(last\*.ckpt\) in .*nothing to resume"):
-        resolve("last", set(), [tmp_path])
-    first = resolve("last", set(), [tmp_path], restarts=3, attempt=1)
+        resolve("last", [tmp_path])
+    first = resolve("last", [tmp_path], restarts=3, attempt=1)
     assert first.path is None and first.lines[0].endswith("starting a new run (torchrun attempt 1 of 4)")
 
 
 def test_best_files_and_lightnings_own_keywords(tmp_path):
     save(tmp_path / "best-epoch03.ckpt")
     with pytest.raises(CheckpointError, match="give the file instead.*best-epoch03.ckpt"):
-        resolve("best", set(), [tmp_path])
+        resolve("best", [tmp_path])
     with pytest.raises(CheckpointError, match="checkpoint not found: nope.ckpt"):
-        resolve("nope.ckpt", set(), [tmp_path])
-    assert resolve(str(tmp_path / "best-epoch03.ckpt"), set(), []) == Resume(str(tmp_path / "best-epoch03.ckpt"))
-    assert resolve("s3://bucket/x.ckpt", set(), []).path == "s3://bucket/x.ckpt"
-    assert resolve(None, set(), []) == Resume()
+        resolve("nope.ckpt", [tmp_path])
+    assert resolve(str(tmp_path / "best-epoch03.ckpt"), []) == Resume(str(tmp_path / "best-epoch03.ckpt"))
+    assert resolve("s3://bucket/x.ckpt", []).path == "s3://bucket/x.ckpt"
+    assert resolve(None, []) == Resume()
 
 
 def test_a_run_is_finished_by_epochs_or_steps():
