@@ -152,8 +152,7 @@ class FashionMNISTCLI(LightningCLI):
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
-        self.config_init[self.subcommand]["ckpt_path"] = resume.prepare(self.trainer, self.subcommand,
-                                                                          self.run.resumed)
+        resume.prepare(self.trainer, self.subcommand, self.run.resumed)  # ckpt_path: resumed.path since parse_arguments
         self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=None)  # Lightning loads its own copy
         if self.datamodule is not None and self.trainer.local_rank == 0:
             self.datamodule.prepare_data()

@@ -169,8 +169,8 @@ class TensorBoardRun(Callback):
 # ------------------------------------------------------------------ for one trainer
 
 
-def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]:
-    """Before launch: rank 0 prints the resolution's lines; a finished fit raises NothingToTrain; returns the path."""
+def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> None:
+    """Before launch: rank 0 prints the resolution's lines; a finished fit raises NothingToTrain."""
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
@@ -178,4 +178,3 @@ def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> Optional[str]
     done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if checkpoint is not None else None
     if done:
         raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
-    return resumed.path
