@@ -86,11 +86,9 @@ class FashionMNISTCLI(LightningCLI):
             config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
             filled.append(("data", None, "worker_timeout"))
         self.save_config_kwargs["filled"] = filled
-        root = config.trainer.default_root_dir or outputs.DEFAULT_ROOT
-        if config.get("ckpt_path") == "hpc":  # a file in default_root_dir: checked below like any other
-            config.ckpt_path = resume.hpc_checkpoint(root)
         self.run.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
-                                       lifetime.max_restarts(), lifetime.attempt(), root)
+                                       lifetime.max_restarts(), lifetime.attempt(),
+                                       config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
         config.ckpt_path = self.run.resumed.path
         self.run.user_config = self.config.clone()
         path = self.run.resumed.path

@@ -28,22 +28,19 @@ class Resume:
     checkpoint: Optional[dict] = field(default=None, compare=False, repr=False)
 
 
-def hpc_checkpoint(root) -> str:
-    """``--ckpt_path hpc`` as Lightning resolves it (the largest N), as a file checked like any other."""
-    found = {int(path.stem[9:]): path for path in Path(root).glob("hpc_ckpt_*.ckpt") if path.stem[9:].isdigit()}  # N
-    if not found:
-        raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
-                              f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
-    return str(found[max(found)].absolute())
-
-
 def resolve(ckpt_path: Optional[str], folders: Sequence, restarts: int = 0, attempt: int = 1,
             root: Optional[str] = None) -> Resume:
     """``--ckpt_path`` as a file, or a new run (docs/reliability.md, "Checkpoints" and "torchrun restarts");
-    ``folders``: the run's checkpoint folders; ``root``: the default_root_dir whose other experiments with a last
-    checkpoint ``last`` names when it finds none in ``folders``."""
+    ``folders``: the run's checkpoint folders; ``root``: the default_root_dir, where ``hpc`` looks and whose other
+    experiments with a last checkpoint ``last`` names when it finds none in ``folders``."""
     if not ckpt_path or checkpoint_io.is_remote(ckpt_path) or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
+    if ckpt_path == "hpc":  # as Lightning resolves it (the largest N), then checked below like any other file
+        found = {int(path.stem[9:]): path for path in Path(root).glob("hpc_ckpt_*.ckpt") if path.stem[9:].isdigit()}
+        if not found:
+            raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
+                                  f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
+        ckpt_path = str(found[max(found)].absolute())
     where = ", ".join(str(f) for f in folders) or "the checkpoint folder"
     if ckpt_path == "best":
         files = sorted(str(p) for f in folders for p in Path(f).glob("*.ckpt") if not p.name.startswith("last"))
