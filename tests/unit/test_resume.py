@@ -153,6 +153,24 @@ def test_last_with_nothing_saved_is_refused_except_under_torchrun_restarts(tmp_p
     assert first.path is None and first.lines[0].endswith("starting a new run (torchrun attempt 1 of 4)")
 
 
+def test_last_with_nothing_saved_names_the_other_experiments_that_have_a_last_checkpoint(tmp_path):
+    mine, other, empty = (tmp_path / name / "checkpoints" for name in ("cnn-ddp", "mlp-ddp", "wrn-ddp"))
+    for folder in (mine, other, empty):
+        folder.mkdir(parents=True)
+    save(other / "last.ckpt")
+    with pytest.raises(CheckpointError, match=rf"nothing to resume.*; other experiments have one \({other}\): the "
+                                              rf"folder is named by the run's network"):
+        resolve("last", [mine], root=str(tmp_path))
+
+
+def test_hpc_is_the_largest_n_in_the_root_and_refused_when_there_is_none(tmp_path):
+    with pytest.raises(CheckpointError, match=r"--ckpt_path hpc: no hpc_ckpt_N.ckpt in .*give a .ckpt file instead"):
+        resolve("hpc", [], root=str(tmp_path))
+    for n in (9, 10):
+        save(tmp_path / f"hpc_ckpt_{n}.ckpt")
+    assert resolve("hpc", [], root=str(tmp_path)).path == str(tmp_path / "hpc_ckpt_10.ckpt")
+
+
 def test_best_files_and_lightnings_own_keywords(tmp_path):
     save(tmp_path / "best-epoch03.ckpt")
     with pytest.raises(CheckpointError, match="give the file instead.*best-epoch03.ckpt"):
