@@ -88,7 +88,7 @@ class FashionMNISTCLI(LightningCLI):
         self.save_config_kwargs["filled"] = filled
         self.run.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
                                        lifetime.max_restarts(), lifetime.attempt(),
-                                       config.trainer.default_root_dir or outputs.DEFAULT_ROOT)
+                                       config.trainer.default_root_dir or ".")  # "": the Trainer's cwd
         config.ckpt_path = self.run.resumed.path
         self.run.user_config = self.config.clone()
         path = self.run.resumed.path

@@ -135,3 +135,6 @@ def test_ckpt_path_hpc_without_an_hpc_checkpoint_is_one_line(capsys, workdir, fa
     err = capsys.readouterr().err
     assert code == 66 and err.count("\n") == 1, err
     assert f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {workdir / 'runs'}" in err, err
+    code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", "hpc", "--trainer.default_root_dir", ""])
+    err = capsys.readouterr().err
+    assert code == 66 and f"no hpc_ckpt_N.ckpt in {workdir} (" in err, err  # "": the Trainer's cwd, as Lightning
