@@ -36,7 +36,8 @@ def resolve(ckpt_path: Optional[str], folders: Sequence, restarts: int = 0, atte
     if not ckpt_path or checkpoint_io.is_remote(ckpt_path) or ckpt_path.split(":")[0] == "registry":
         return Resume(ckpt_path or None)
     if ckpt_path == "hpc":  # as Lightning resolves it (the largest N), then checked below like any other file
-        found = {int(path.stem[9:]): path for path in Path(root).glob("hpc_ckpt_*.ckpt") if path.stem[9:].isdigit()}
+        numbered = {path.stem.removeprefix("hpc_ckpt_"): path for path in Path(root).glob("hpc_ckpt_*.ckpt")}
+        found = {int(number): path for number, path in numbered.items() if number.isdigit()}
         if not found:
             raise CheckpointError(f"--ckpt_path hpc: no hpc_ckpt_N.ckpt in {Path(root).absolute()} (the "
                                   f"default_root_dir, where SLURM requeues save them); give a .ckpt file instead")
