@@ -123,6 +123,22 @@ class FashionMNISTDataModule(LightningDataModule):
         self._check_train_subset(left)
         self._check_batch_fits(self.train_subset or left)
 
+    def check_workers(self) -> None:
+        """Run ``worker_init_fn`` once in each of ``num_workers`` real workers: a function that fails there is one
+        MisconfigurationException naming it before anything is written, not every worker's traceback at a first batch
+        (call it in every process: a rank that skipped it would wait for its peers at the rendezvous)."""
+        if not self.num_workers or self._worker_init is None:
+            return
+        try:
+            for _ in DataLoader(range(self.num_workers), num_workers=self.num_workers, timeout=self.worker_timeout or 0,
+                                worker_init_fn=self._worker_init):
+                pass
+        except Exception as error:  # torch re-raises the worker's: "Caught TypeError in DataLoader worker ..."
+            raised = str(error).strip().splitlines()[-1]  # the worker's own exception line
+            raise MisconfigurationException(
+                f"data.worker_init_fn {self.worker_init_fn} fails in a data loader worker ({raised}): give the import "
+                f"path of a function that takes the worker's id, or --data.num_workers 0") from error
+
     def _check_batch_fits(self, images: int) -> None:
         """A per-device batch larger than a device's shard of the training images never fills (and, at 70,000, the
         whole split is gathered into one batch until memory runs out): refused before anything starts."""

@@ -64,3 +64,16 @@ def test_damaged_file_stops_a_ddp_launch_before_any_worker_starts(workdir, damag
     assert elapsed < 30, f"took {elapsed:.1f} s"
 
 
+@pytest.mark.multiprocess  # asks for several ranks (refused before they start)
+def test_a_worker_init_fn_that_fails_in_a_worker_is_one_line_before_any_rank_starts(workdir, fashion_root):
+    """It imports (os.system is a function) but raises in the worker: every process runs it in real workers before
+    the rendezvous, so the launch ends with exit 2 and one line naming it, before any rank or file exists."""
+    result = run_train(["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--data_dir", str(fashion_root),
+                        "--data.worker_init_fn", "os.system", "--data.num_workers", "1"], cwd=workdir, timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith(
+        "train.py: error: data.worker_init_fn os.system fails in a data loader worker (TypeError: "), errors
+    assert "give the import path of a function that takes the worker's id, or --data.num_workers 0" in errors[0]
+    assert "Traceback" not in result.stderr and "Initializing distributed" not in result.stderr
+    assert not (workdir / "runs").exists()

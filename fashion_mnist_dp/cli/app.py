@@ -152,8 +152,10 @@ class FashionMNISTCLI(LightningCLI):
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         resume.prepare(self.trainer, self.subcommand, self.run.resumed)  # ckpt_path: resumed.path since parse_arguments
         self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=None)  # Lightning loads its own copy
-        if self.datamodule is not None and self.trainer.local_rank == 0:
-            self.datamodule.prepare_data()
+        if self.datamodule is not None:
+            self.datamodule.check_workers()  # every process, before any rendezvous
+            if self.trainer.local_rank == 0:
+                self.datamodule.prepare_data()
 
     before_fit = before_validate = before_test = before_predict = _before_launch
 

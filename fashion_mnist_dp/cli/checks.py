@@ -127,6 +127,14 @@ def check_config(config) -> None:
     if type(trainer.val_check_interval) in (int, float) and trainer.val_check_interval == 0:
         raise ConfigError(f"trainer.val_check_interval is {trainer.val_check_interval}: give a whole number of batches "
                           f">= 1, or a fraction of the epoch in (0.0, 1.0]")
+    every = trainer.check_val_every_n_epoch  # 0 divides by zero in Lightning's loop
+    if every is not None and (type(every) is not int or every < 1):
+        raise ConfigError(f"trainer.check_val_every_n_epoch is {every!r}: give a whole number of epochs >= 1, or null "
+                          f"to validate every trainer.val_check_interval batches")
+    sanity = trainer.num_sanity_val_steps  # Lightning takes -1 (all) and counts; below -1 it skips the check silently
+    if sanity is not None and (type(sanity) is not int or sanity < -1):
+        raise ConfigError(f"trainer.num_sanity_val_steps is {sanity!r}: give a number of batches >= 0, or -1 for "
+                          f"every validation batch")
     clip = trainer.gradient_clip_val
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
         raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")

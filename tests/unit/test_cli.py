@@ -118,6 +118,10 @@ BAD_VALUES = [
     (["--trainer.val_check_interval", "1.5"], "You have passed invalid value 1.5 for val_check_interval"),  # Lightning's
     (["--trainer.val_check_interval", "0.0"], "trainer.val_check_interval is 0.0: give a whole number of batches >= 1"),
     (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val is -1"),
+    (["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch is 0: give a whole number of epochs "
+                                                 ">= 1, or null to validate every trainer.val_check_interval batches"),
+    (["--trainer.num_sanity_val_steps", "-5"], "trainer.num_sanity_val_steps is -5: give a number of batches >= 0, or "
+                                               "-1 for every validation batch"),
     (["--data.train_subset", "100000000"], "--data.train_subset 100000000 is more than the 256 training images: "
                                            "give at most 256, or leave it unset to train on all (see python"),
     (["--batch_size", "70000"], "--data.batch_size 70000 per device is more than the 256 training images each of the "
