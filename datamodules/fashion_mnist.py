@@ -1,7 +1,6 @@
 """Fashion-MNIST as a LightningDataModule: splits held in memory (on the GPU when training there), distributed
 sampling, and uint8 batches normalised and augmented on the device."""
 
-import importlib
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -17,6 +16,7 @@ from datamodules.files import (SPLITS, check_raw_folder, default_data_dir, downl
                                raw_folder, read_header, torchvision_root)
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
+from datamodules.workers import imported, run_in_workers
 
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
 PIXEL_MEAN = 0.2860
@@ -29,18 +29,6 @@ def normalise(images: torch.Tensor) -> torch.Tensor:
     """uint8 pixels to the float inputs every network sees: scaled to [0, 1], then zero mean and unit variance over
     the training set. One op (shift + pixels × scale, float32 by type promotion): a step's host time is a budget."""
     return torch.add(_SHIFT, images, alpha=1.0 / (255.0 * PIXEL_STD))
-
-
-def _imported(path: str, argument: str):
-    """The callable an import path names (``package.module.function``), or ValueError saying why not."""
-    module, _, name = path.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"{argument} {path!r} cannot be imported: {error}") from error
-    if not callable(found):
-        raise ValueError(f"{argument} {path!r} is not an import path of a function (package.module.function)")
-    return found
 
 
 class FashionMNISTDataModule(LightningDataModule):
@@ -97,7 +85,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.eval_batch_size = eval_batch_size
         self.num_workers = num_workers
         self.worker_timeout, self.worker_init_fn = worker_timeout, worker_init_fn
-        self._worker_init = _imported(worker_init_fn, "worker_init_fn") if worker_init_fn else None
+        self._worker_init = imported(worker_init_fn, "worker_init_fn") if worker_init_fn else None
         self.download = download
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
@@ -124,20 +112,10 @@ class FashionMNISTDataModule(LightningDataModule):
         self._check_batch_fits(self.train_subset or left)
 
     def check_workers(self) -> None:
-        """Run ``worker_init_fn`` once in each of ``num_workers`` real workers: a function that fails there is one
-        MisconfigurationException naming it before anything is written, not every worker's traceback at a first batch
-        (call it in every process: a rank that skipped it would wait for its peers at the rendezvous)."""
-        if not self.num_workers or self._worker_init is None:
-            return
-        try:
-            for _ in DataLoader(range(self.num_workers), num_workers=self.num_workers, timeout=self.worker_timeout or 0,
-                                worker_init_fn=self._worker_init):
-                pass
-        except Exception as error:  # torch re-raises the worker's: "Caught TypeError in DataLoader worker ..."
-            raised = str(error).strip().splitlines()[-1]  # the worker's own exception line
-            raise MisconfigurationException(
-                f"data.worker_init_fn {self.worker_init_fn} fails in a data loader worker ({raised}): give the import "
-                f"path of a function that takes the worker's id, or --data.num_workers 0") from error
+        """Run ``worker_init_fn`` once in each of ``num_workers`` real workers (datamodules/workers.py): call it in
+        every process, before anything is written; a rank that skipped it would wait for its peers at the rendezvous."""
+        if self.num_workers and self._worker_init is not None:
+            run_in_workers(self._worker_init, self.worker_init_fn, self.num_workers, self.worker_timeout)
 
     def _check_batch_fits(self, images: int) -> None:
         """A per-device batch larger than a device's shard of the training images never fills (and, at 70,000, the

@@ -23,7 +23,7 @@ from benchmarks import launch
 from benchmarks.tables import figure, markdown_table, median_range, write_csv
 from fashion_mnist_dp.cli.checks import CPU_RANKS_PER_CORE
 from fashion_mnist_dp.cli.outputs import short_name
-from fashion_mnist_dp.runtime.errors import ExitCode
+from fashion_mnist_dp.exit_codes import ExitCode
 
 TRAIN_PY = launch.TRAIN_PY
 RECIPES = launch.REPO / "configs" / "recipes"

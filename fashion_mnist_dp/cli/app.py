@@ -14,7 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
-from fashion_mnist_dp.cli import checkpoint_hparams, outputs, slurm, start_block
+from fashion_mnist_dp.cli import checkpoint_hparams, failures, outputs, slurm, start_block
 from fashion_mnist_dp.cli.checks import check_config, check_outputs
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
@@ -118,7 +118,7 @@ class FashionMNISTCLI(LightningCLI):
         except MisconfigurationException as error:  # our own checks' and Lightning's: they name the key
             raise errors.ConfigError(errors.one_line(error)) from error
         except Exception as error:  # a constructor the config names raised: one line naming it
-            built = errors.failed_constructor(error, class_paths(self.config[self.subcommand]))
+            built = failures.failed_constructor(error, class_paths(self.config[self.subcommand]))
             if built is None and not isinstance(error, (ValueError, TypeError, ImportError)):
                 raise
             key, path, raised = built or ("", "", error)
@@ -126,7 +126,7 @@ class FashionMNISTCLI(LightningCLI):
             raise errors.ConfigError(line + errors.one_line(raised)) from error
         if hasattr(self.model, "start_notes"):
             self.model.start_notes = [self._lr_note(), *self.run.notes, *start_block.unseen_settings(self.trainer),
-                                      *runtime.safety_off(self.trainer)]
+                                      *start_block.safety_off(self.trainer)]
 
     def _lr_note(self) -> str:
         """Where the base lr came from: a flag or file, a known-good lr, or configs/default.yaml."""
@@ -226,5 +226,5 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     """``python train.py`` and ``fashion-mnist-train``: the exit code (README's table)."""
     argv = list(sys.argv[1:] if args is None else args)
     with runtime.guarded_process() as handlers:
-        return errors.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank,
+        return failures.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank,
                                failed_alone=runtime.end_peer_tasks, exiting=handlers.exiting)

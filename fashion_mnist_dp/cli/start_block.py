@@ -22,6 +22,23 @@ for _pattern in HIDDEN_WARNINGS:
 NOT_OURS = ("[litlogger](https://pypi.org/project/litlogger/)", "to estimate number of stepping batches")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda record: not any(text in str(record.msg) for text in NOT_OURS))
+# The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries (docs/reliability.md).
+SAFETY = {
+    runtime.JobFaults: "on a lost rank or a stalled data worker: no collective save, the job ends with one line",
+    runtime.DivergenceGuard: "a diverged run stops with advice (exit 70) and saves no diverged checkpoint",
+    runtime.Preemption: "SIGTERM, SIGUSR1 or Ctrl-C: every rank stops at one point with a verified last.ckpt",
+    runtime.Agreement: "the decision points: without it divergence and signals are never acted on",
+    runtime.RngState: "a resumed run draws the batches the uninterrupted run would have",
+    runtime.TensorBoardRun: "a resumed run continues its TensorBoard folder and metrics.csv",
+    runtime.VerifiedCheckpointIO: "checkpoints written atomically with a checksum, verified and code-free on load",
+}
+
+
+def safety_off(trainer: Trainer) -> List[str]:
+    """The start block's line for each run-safety callback or plugin ``trainer`` runs without."""
+    present = {type(c) for c in trainer.callbacks} | {type(trainer.strategy.checkpoint_io)}
+    return [f"  safety off      : {kind.__name__}: {guarantee}" for kind, guarantee in SAFETY.items()
+            if not any(issubclass(p, kind) for p in present)]
 
 
 def _handler_name(handler) -> str:

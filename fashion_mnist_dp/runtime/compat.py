@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Optional, Union
 from weakref import WeakKeyDictionary
 
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import Checkpoint, EarlyStopping
+from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -84,6 +84,15 @@ def _plan(trainer: Trainer, hook_name: str, monitoring_callbacks: Optional[bool]
             and (not hasattr(Callback, hook_name) or is_overridden(hook_name, c, Callback))]
 
 
+def no_checkpoint_on_exception(trainer: Trainer) -> None:
+    """Switch off the checkpoint-on-exception callbacks for the exception being handled (this trainer only)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint) and getattr(callback, "save_on_exception", False):
+            callback.save_on_exception = False
+        elif isinstance(callback, OnExceptionCheckpoint):
+            callback.on_exception = lambda *args, **kwargs: None  # this instance only
+
+
 def saves_on_train_steps(checkpoint) -> bool:
     """Whether a ModelCheckpoint may save after a training batch (``every_n_train_steps`` or
     ``train_time_interval``); if not, its ``on_train_batch_end`` only finds that it has nothing to do."""
@@ -142,12 +151,6 @@ def release_children(trainer: Trainer) -> List[Any]:
     if children:
         trainer.strategy.launcher.procs.clear()
     return children
-
-
-def shard_over_every_rank(strategy) -> None:
-    """One data-parallel mesh dimension of every rank (ModelParallelStrategy's "auto" is nodes × devices)."""
-    strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
-    strategy._tensor_parallel_size = 1
 
 
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:

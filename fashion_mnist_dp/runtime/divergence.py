@@ -10,7 +10,6 @@ from lightning.pytorch import LightningModule, Trainer
 from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.agreement import VALIDATION, Participant
 from fashion_mnist_dp.runtime.errors import TrainingDiverged
-from fashion_mnist_dp.runtime.faults import no_checkpoint_on_exception
 from lightning_modules.optim import local_shard
 from fashion_mnist_dp.strategies import is_fsdp
 
@@ -209,7 +208,7 @@ class DivergenceGuard(Participant):
             what = (f"training diverged: validation accuracy ({self.monitor}) is {value:.3f} after epoch "
                     f"{trainer.current_epoch + 1} (optimizer step {now}), at chance (<= {self.chance_accuracy:g}) "
                     f"{self.epochs_after_warmup:g} epoch(s) after warm-up ended")
-        no_checkpoint_on_exception(trainer)
+        compat.no_checkpoint_on_exception(trainer)
         unsaved = []  # a write on the way out must not replace the stop: the line names it instead
         if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
             for logger in trainer.loggers:

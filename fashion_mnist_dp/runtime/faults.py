@@ -7,7 +7,6 @@ import re
 from typing import Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers
@@ -73,15 +72,6 @@ def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional
     return None
 
 
-def no_checkpoint_on_exception(trainer: Trainer) -> None:
-    """Switch off the checkpoint-on-exception callbacks for the exception being handled (this trainer only)."""
-    for callback in trainer.callbacks:
-        if isinstance(callback, ModelCheckpoint) and getattr(callback, "save_on_exception", False):
-            callback.save_on_exception = False
-        elif isinstance(callback, OnExceptionCheckpoint):
-            callback.on_exception = lambda *args, **kwargs: None  # this instance only
-
-
 class JobFaults(Callback):
     """On a fault of the job: no collective save, stuck data workers killed, the launcher waits for its ranks."""
 
@@ -96,8 +86,8 @@ class JobFaults(Callback):
         if "DataLoader timed out after" in str(exception):  # a stalled data worker
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         if trainer.world_size > 1:
-            no_checkpoint_on_exception(trainer)
+            compat.no_checkpoint_on_exception(trainer)
         children = compat.release_children(trainer)
         if children:
             with contextlib.suppress(AttributeError):
-                exception.children = children  # runtime.errors.reported ends them after the line
+                exception.children = children  # cli/failures.py's reported ends them after the line

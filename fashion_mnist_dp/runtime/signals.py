@@ -17,11 +17,13 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from fashion_mnist_dp.exit_codes import ExitCode
 from fashion_mnist_dp.runtime import compat, errors
 from fashion_mnist_dp.runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from fashion_mnist_dp.runtime.checkpoint_io import sidecar_path, verify
-from fashion_mnist_dp.runtime.errors import ExitCode, Preempted
-from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, int_from, is_launched_rank, probably_global_rank_zero
+from fashion_mnist_dp.runtime.errors import Preempted
+from fashion_mnist_dp.runtime.lifetime import (LAUNCHER_PID_ENV, int_from, is_launched_rank, probably_global_rank_zero,
+                                               release_process_group)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)  # order of the flags
 PEER_FAILED = signal.SIGUSR2  # what a failing srun task sends the other tasks of its step
@@ -159,6 +161,27 @@ def handled() -> Iterator[Handlers]:
         for signum, handler in previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
+
+
+@contextmanager
+def guarded_process() -> Iterator[Handlers]:
+    """A train.py process's start, undone when ``main`` returns: a rank dies with its launcher; signal handlers; the
+    process group released while the interpreter is whole."""
+    die_with_parent()
+    launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
+    if not is_launched_rank():  # a launching train.py: its ranks check that their parent is this pid (die_with_parent)
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    try:
+        with handled() as handlers:
+            try:
+                yield handlers
+            finally:
+                release_process_group()  # under the handlers: a signal now ends the process with its code
+    finally:
+        if launcher_pid is None:
+            os.environ.pop(LAUNCHER_PID_ENV, None)
+        else:
+            os.environ[LAUNCHER_PID_ENV] = launcher_pid
 
 
 def _exit_peer_failed() -> None:

@@ -24,9 +24,9 @@ class FullyShardedStrategy(ModelParallelStrategy):
         return super().load_checkpoint(checkpoint_path, weights_only=True)
 
     def setup_environment(self) -> None:
-        from fashion_mnist_dp.runtime import compat  # here: fashion_mnist_dp.runtime imports this package
-
-        compat.shard_over_every_rank(self)  # a data-parallel mesh of all ranks, not Lightning's nodes × devices
+        # One data-parallel mesh dimension of every rank (ModelParallelStrategy's "auto" is nodes × devices)
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
         super().setup_environment()
 
 

@@ -25,7 +25,8 @@ from fashion_mnist_dp.runtime.divergence import (
     merge,
     past_warmup,
 )
-from fashion_mnist_dp.runtime.errors import ExitCode, Preempted, TrainingDiverged
+from fashion_mnist_dp.exit_codes import ExitCode
+from fashion_mnist_dp.runtime.errors import Preempted, TrainingDiverged
 from tests.unit.conftest import tiny_fit
 
 

@@ -12,8 +12,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = [p for folder in ("fashion_mnist_dp", "callbacks", "datamodules", "lightning_modules")
           for p in (REPO / folder).rglob("*.py")] + [REPO / "train.py"]
-# Hooks of Lightning's strategy classes that fashion_mnist_dp/strategies/ overrides, and may call on super().
-OVERRIDDEN_HOOKS = {"_configure_launcher"}
+# What fashion_mnist_dp/strategies/ overrides or sets on its own subclasses of Lightning's strategies: a hook it may
+# call on super(), and fsdp's mesh sizes (one data-parallel dimension of every rank).
+OVERRIDDEN_HOOKS = {"_configure_launcher", "_data_parallel_size", "_tensor_parallel_size"}
 CHECKED_AGAINST = "2.6.6"
 
 

@@ -7,7 +7,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from datamodules.files import CorruptDataError, DataNotFoundError
 from fashion_mnist_dp.runtime import errors
-from fashion_mnist_dp.runtime.errors import reported
+from fashion_mnist_dp.cli.failures import reported
 
 # README's exit-code table, class by class.
 TABLE = [
