@@ -4,12 +4,12 @@ import dataclasses
 import sys
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set
+from typing import Dict, List, Optional, Sequence
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
@@ -29,15 +29,16 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml
 class RunState:
     """What the CLI decides in one hook and uses in a later one."""
 
-    given: Set[str]  # the keys the user gave, over a checkpoint's stored ones
     lr_origin: Optional[str] = None
     resumed: resume.Resume = dataclasses.field(default_factory=resume.Resume)
-    user_config: Any = None  # the config before LightningCLI put a checkpoint's hyperparameters over it
-    stored: Dict[str, Any] = dataclasses.field(default_factory=dict)  # the checkpoint's stored model settings
     notes: List[str] = dataclasses.field(default_factory=list)  # start-block lines: given over the checkpoint
 
 
-class FashionMNISTCLI(LightningCLI):
+# What the model takes from the data's settings (the batch it trains at), not from a checkpoint's.
+LINKS = (("data.batch_size", "model.batch_size"), ("data.virtual_devices", "model.virtual_devices"))
+
+
+class FashionMNISTCLI(compat.CheckpointHparamsOurs):
     """LightningCLI with our defaults, links, folders, ``--ckpt_path`` decided before anything is built, and a test."""
 
     def init_parser(self, **kwargs) -> LightningArgumentParser:
@@ -66,14 +67,15 @@ class FashionMNISTCLI(LightningCLI):
         parser.link_arguments("check_every_n_steps", "trainer.callbacks.init_args.check_every_n_steps")
         # Its own section (--stop_at_target.*, shorthand --target_accuracy): LightningCLI appends it to the callbacks.
         parser.add_lightning_class_args(StopAtTarget, "stop_at_target")
-        parser.link_arguments("data.batch_size", "model.batch_size")
-        parser.link_arguments("data.virtual_devices", "model.virtual_devices")
+        for source, target in LINKS:
+            parser.link_arguments(source, target)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parse; decide from the config alone the run's folders and ``--ckpt_path``, checked before LightningCLI reads
-        its hyperparameters (verified, no code)."""
+        """Parse; decide from the config alone the run's folders and ``--ckpt_path``; a resumed run's config is
+        built again in layers: defaults, the checkpoint's stored model settings, the user's files and flags (the
+        checkpoint read and verified once, no code run)."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
-        self.run = RunState(given=set(args.given), lr_origin=args.lr_origin)  # args: shorthand.expand_args's
+        self.run = RunState(lr_origin=args.lr_origin)  # args: shorthand.expand_args's
         subcommand = self.config["subcommand"]  # required: expand_args adds fit when none is given
         config = self.config[subcommand]
         try:  # before any strategy is built: the registry's ddp and fsdp entries take it
@@ -81,34 +83,32 @@ class FashionMNISTCLI(LightningCLI):
                 seconds=config.get("collective_timeout")))
         except ValueError as error:
             raise errors.ConfigError(str(error)) from error
-        filled = outputs.fill_output_paths(config)
+        filled = outputs.fill_output_paths(config)  # the folders --ckpt_path last searches
+        resumed = self.run.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
+                                                    lifetime.max_restarts(), lifetime.attempt(),
+                                                    config.trainer.default_root_dir or ".")  # "": the Trainer's cwd
+        if resumed.path and not checkpoint_io.is_remote(resumed.path) and Path(resumed.path).is_file():
+            loaded = checkpoint_io.load(resumed.path)  # verified, no code runs; a bad file: exit 66
+            self.run.resumed = dataclasses.replace(resumed, checkpoint=loaded)  # for prepare and Lightning's restore
+            stored = checkpoint_hparams.stored_model(loaded, resumed.path)
+            self.config = checkpoint_hparams.parse_over(parser, args, subcommand, stored, resumed.path)
+            config = self.config[subcommand]
+            filled = outputs.fill_output_paths(config)
+            self.run.notes = checkpoint_hparams.start_note(config.model, stored, resumed.path,
+                                                           {target for _, target in LINKS})
+            if self.run.lr_origin is None and "lr" in (stored.get("optimizer") or {}).get("init_args", {}):
+                self.run.lr_origin = f"the checkpoint {Path(resumed.path).name}"
+        config.ckpt_path = resumed.path
         if config.data.worker_timeout is None:
             config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
             filled.append(("data", None, "worker_timeout"))
         self.save_config_kwargs["filled"] = filled
-        self.run.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
-                                       lifetime.max_restarts(), lifetime.attempt(),
-                                       config.trainer.default_root_dir or ".")  # "": the Trainer's cwd
-        config.ckpt_path = self.run.resumed.path
-        self.run.user_config = self.config.clone()
-        path = self.run.resumed.path
-        if path and not checkpoint_io.is_remote(path) and Path(path).is_file():
-            loaded = checkpoint_io.load(path)  # verified, no code runs; a bad file: exit 66
-            self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=loaded)  # read once: for prepare
-            self.run.stored = checkpoint_hparams.stored_model(loaded, path)
-            checkpoint_hparams.check_fits(parser, self.config, subcommand, self.run.stored, path)
         if subcommand == "fit":  # before any logger is built: a continued run's folder, or a new one
             continued = self.run.resumed.checkpoint if self.run.resumed.continue_run else None
             self.save_config_kwargs["filled"] += outputs.tensorboard_runs(config, continued)
 
     def before_instantiate_classes(self) -> None:
-        """The user's given values back over the checkpoint's hyperparameters (cli/checkpoint_hparams.py); checks."""
-        config = self.config[self.subcommand]
-        if self.run.stored:
-            user = self.run.user_config[self.subcommand]
-            applied = checkpoint_hparams.reapply_given(config, user, self.run.given)
-            self.run.notes = checkpoint_hparams.start_note(applied, user, self.run.stored, self.run.resumed.path)
-        check_config(config)
+        check_config(self.config[self.subcommand])
 
     def instantiate_classes(self) -> None:
         """A value that parses but cannot run (``--strategy foo``) or a constructor that raises: one line."""
@@ -129,12 +129,8 @@ class FashionMNISTCLI(LightningCLI):
                                       *start_block.safety_off(self.trainer)]
 
     def _lr_note(self) -> str:
-        """Where the base lr came from: a flag or file, a known-good lr, or configs/default.yaml."""
-        origin = self.run.lr_origin
-        if origin is None:
-            given = "model.optimizer.init_args.lr" in self.run.given
-            origin = "a --config file or flag" if given else f"{DEFAULT_CONFIG.parent.name}/{DEFAULT_CONFIG.name}"
-        return f"  lr from         : {origin}"
+        """Where the base lr came from: a flag or file, a known-good lr, the checkpoint, or configs/default.yaml."""
+        return f"  lr from         : {self.run.lr_origin or DEFAULT_CONFIG.parent.name + '/' + DEFAULT_CONFIG.name}"
 
     def _before_launch(self) -> None:
         """In the launching process, before any rank exists: folders, rendezvous, checkpoint and data checked."""
@@ -151,7 +147,10 @@ class FashionMNISTCLI(LightningCLI):
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         resume.prepare(self.trainer, self.subcommand, self.run.resumed)  # ckpt_path: resumed.path since parse_arguments
-        self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=None)  # Lightning loads its own copy
+        io, checkpoint = self.trainer.strategy.checkpoint_io, self.run.resumed.checkpoint
+        if checkpoint is not None and hasattr(io, "hand_over") and compat.restores_through_checkpoint_io(self.trainer):
+            io.hand_over(self.run.resumed.path, checkpoint)  # Lightning's restore takes it: the file is read once
+        self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=None)
         if self.datamodule is not None:
             self.datamodule.check_workers()  # every process, before any rendezvous
             if self.trainer.local_rank == 0:

@@ -1,9 +1,11 @@
-"""A checkpoint's stored hyperparameters against what the user gave: given values win, the checkpoint fills in the
-rest, and no class path from a checkpoint imports a module (docs/cli.md, "Values with a special meaning")."""
+"""A checkpoint's stored hyperparameters as one layer of a resumed run's config: defaults, then the checkpoint's stored
+model settings, then the user's config files and flags. So what the user gives wins, the checkpoint fills in the rest,
+and no class path from a checkpoint imports a module (docs/cli.md, "Values with a special meaning")."""
 
+import numbers
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Set
+from typing import Any, Collection, Dict, List
 
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND, flat
 from fashion_mnist_dp.runtime import compat
@@ -28,41 +30,40 @@ def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
     return stored
 
 
-def check_fits(parser, config, subcommand: str, stored: Dict[str, Any], path: str) -> None:
-    """A checkpoint whose settings this model does not take (another version of the project): one line."""
-    if not stored:
-        return
+def parse_over(parser, args, subcommand: str, stored: Dict[str, Any], path: str):
+    """The resumed run's config: the parser's defaults, ``stored`` over them, the user's ``args`` over both (files and
+    flags in their order, as jsonargparse stacks them); a checkpoint whose settings this model does not take (another
+    version of the project): one line."""
     try:
-        parser.parse_object({subcommand: {MODEL: stored}}, config.clone())
+        base = parser.parse_object({"subcommand": subcommand, subcommand: {MODEL: stored}})
     except Exception as error:  # noqa: BLE001 (jsonargparse raises several kinds)
         raise CheckpointError(f"checkpoint {path} stores model settings this version does not take "
                               f"({' '.join(str(error).split())[:300]}); give --model.network and the other model "
                               f"settings it was trained with instead of relying on the checkpoint") from error
+    return parser.parse_args(args, namespace=base)
 
 
-def reapply_given(merged, user, given: Set[str]) -> List[str]:
-    """The user's given model values from ``user`` back into ``merged`` (after the checkpoint's); their keys."""
-    applied = []
-    for key in sorted((k for k in given if k == MODEL or k.startswith(f"{MODEL}.")), key=lambda k: k.count(".")):
-        if any(key == a or key.startswith(f"{a}.") for a in applied) or key not in user:  # a setting gives all of it
-            continue
-        merged[key] = user[key]
-        applied.append(key)
-    return applied
+def _same(before: Any, now: Any) -> bool:
+    """Equal as values: 1 and 1.0, a list and a tuple, as a checkpoint's YAML-born values and a parse may differ."""
+    if isinstance(before, numbers.Number) and isinstance(now, numbers.Number):
+        return float(before) == float(now)
+    plain = (lambda v: list(v) if isinstance(v, tuple) else v)
+    return str(plain(before)) == str(plain(now))
 
 
-def start_note(applied: Sequence[str], user, stored: Dict[str, Any], path: str) -> List[str]:
-    """The start block's line ``given over the checkpoint: --lr 0.5 (checkpoint: 0.05)`` for every given value the
-    checkpoint stored differently (none when nothing differs)."""
-    stored_flat = flat(stored, MODEL)
+def start_note(model, stored: Dict[str, Any], path: str, linked: Collection[str] = ()) -> List[str]:
+    """The start block's line ``given over the checkpoint: --lr 0.5 (checkpoint: 0.05)`` for every model setting of
+    the final config (``model``) that differs from the one the checkpoint stored; a changed class is named once, not
+    its arguments; ``linked``: settings the model takes from the data's, not from the checkpoint."""
+    before, now = flat(stored, MODEL), flat(model.as_dict() if hasattr(model, "as_dict") else model, MODEL)
+    classes = [k.removesuffix(".class_path") for k in before if k.endswith(".class_path") and not _same(
+        before[k], now.get(k))]
     found = []
-    for key in applied:
-        value = user[key]
-        if hasattr(value, "class_path"):  # a whole network or optimizer: compare what class it is
-            key, value = f"{key}.class_path", value.class_path
-        before = stored_flat.get(key, stored_flat.get(key.replace(".init_args", "")))
-        if before is not None and str(before) != str(value):
-            key = key.removesuffix(".class_path")
-            found.append(f"{SHORT_FLAG.get(key, '--' + key)} {value} (checkpoint: {before})")
+    for key, value in before.items():
+        inside_changed = any(key.startswith(f"{c}.") and key != f"{c}.class_path" for c in classes)
+        if key in linked or inside_changed or key not in now or _same(value, now[key]):
+            continue
+        setting = key.removesuffix(".class_path")
+        found.append(f"{SHORT_FLAG.get(setting, '--' + setting)} {now[key]} (checkpoint: {value})")
     return [f"  given over the checkpoint: {', '.join(found)} ({Path(path).name} stored the values in brackets)"] \
         if found else []

@@ -2,7 +2,7 @@
 rewritten to LightningCLI's (``fit --trainer.strategy ddp --trainer.devices 4``), and the keys the user gave."""
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -132,16 +132,16 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
             shown = " and ".join(f"{flag} {value}" for flag, value in uses)
             raise ConfigError(f"conflicting values for {target[2:]}: {shown}; give it once")
     result = with_known_good_lr(expanded, given)
-    result.given = given_keys(result)
+    lr_file = checked_config_files(result)
+    result.lr_origin = result.lr_origin or (f"--config {lr_file}" if lr_file else None)
     return result
 
 
 class ExpandedArgs(list):
-    """The expanded command line; where its base lr comes from (``lr_origin``, for the start block; None: from the
-    config files) and the dotted keys the user gave (``given``: flags and ``--config`` files' keys)."""
+    """The expanded command line and where its base lr comes from (``lr_origin``, for the start block; None: the
+    default config, or a checkpoint's)."""
 
     lr_origin: Optional[str] = None
-    given: Set[str] = frozenset()
 
 
 def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> ExpandedArgs:
@@ -197,21 +197,12 @@ def flat(tree: Any, prefix: str = "") -> Dict[str, Any]:
     return found
 
 
-def given_keys(args: Sequence[str]) -> Set[str]:
-    """The dotted keys the user set in ``args`` (expanded): every flag's key and every key of every ``--config`` file
-    (each file checked here, read once)."""
-    keys: Set[str] = set()
+def checked_config_files(args: Sequence[str]) -> Optional[str]:
+    """Every ``--config`` file of ``args`` checked (:func:`config_file`); the last one that sets the optimizer's lr."""
+    sets_lr = None
     for i, token in enumerate(args):
-        if not token.startswith("--"):
-            continue  # a subcommand or a value
-        key, equals, value = token[2:].partition("=")
-        if key == "config":  # --config=FILE or --config FILE
-            keys |= set(flat(config_file(value if equals else (args[i + 1] if i + 1 < len(args) else ""))))
-        elif key.startswith("model.") and key.count(".") > 1 and "init_args" not in key.split(".")[:3] \
-                and not key.endswith(".class_path"):  # jsonargparse's --model.optimizer.lr: ...init_args.lr
-            first, second, rest = key.split(".", 2)
-            keys.add(f"{first}.{second}.init_args.{rest}" if second in ("network", "optimizer") else key)
-        else:
-            keys.add(key)
-    # Giving a class path gives the whole setting: its init_args are the new class's, not the checkpoint's.
-    return {key.removesuffix(".class_path") for key in keys}
+        name = token[len("--config="):] if token.startswith("--config=") else \
+            (args[i + 1] if token == "--config" and i + 1 < len(args) else None)
+        if name is not None and {"model.optimizer.init_args.lr", "model.optimizer.lr"} & set(flat(config_file(name))):
+            sets_lr = name
+    return sets_lr

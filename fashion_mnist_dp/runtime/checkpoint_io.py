@@ -8,7 +8,7 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -26,6 +26,14 @@ def is_remote(path) -> bool:
     return "://" in str(path)
 
 
+def _stamp(path) -> Tuple[int, int]:
+    stat = Path(path).stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+_VERIFIED: Dict[tuple, str] = {}  # (path, its stamp, the sidecar's sha256) -> the file's: an unchanged file read once
+
+
 def file_sha256(path) -> str:
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
@@ -41,10 +49,13 @@ def verify(path) -> Optional[str]:
     sidecar = sidecar_path(path)
     if sidecar.is_file():
         words = sidecar.read_text(errors="replace").split()
-        expected, actual = (words[0].lower() if words else ""), file_sha256(path)
+        expected = words[0].lower() if words else ""
+        key = (str(path.absolute()), _stamp(path), expected)
+        actual = _VERIFIED.get(key) or file_sha256(path)
         if actual != expected:
             raise CheckpointError.damaged(path, f"sha256 {actual[:12]}... does not match {sidecar.name} "
                                           f"({expected[:12]}...): truncated or changed after it was written")
+        _VERIFIED[key] = actual
         return actual
     try:  # no sidecar (e.g. written by plain Lightning): torch.save's zip archive carries a CRC32 per member
         with zipfile.ZipFile(path) as archive:
@@ -102,6 +113,13 @@ def _fsync_dir(folder: Path) -> None:
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Atomic, checksummed saves; verified, code-free loads. configs/default.yaml gives it as trainer.plugins."""
 
+    _handed: Optional[Tuple[str, Tuple[int, int], dict]] = None
+
+    def hand_over(self, path, checkpoint: dict) -> None:
+        """``checkpoint``, already read and verified from ``path`` (the CLI's parse), is what the next load of that
+        unchanged file returns: one read of the file for the whole run."""
+        self._handed = (str(path), _stamp(path), checkpoint)
+
     def save_checkpoint(self, checkpoint: dict, path, storage_options: Optional[Any] = None) -> None:
         if is_remote(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
@@ -139,6 +157,9 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
                         weights_only: Optional[bool] = None) -> dict:
         if is_remote(path):
             return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+        handed, self._handed = self._handed, None
+        if handed is not None and handed[0] == str(path) and handed[1] == _stamp(path):
+            return handed[2]  # read on the CPU, as Lightning's map_location keeps it
         return load(path, map_location)
 
     def remove_checkpoint(self, path) -> None:

@@ -234,23 +234,22 @@ def test_a_process_with_virtual_devices_takes_its_ranks_batches_in_rank_order(wo
     assert list(virtual) == expected[12:]
 
 
-def test_a_resumed_fit_reads_and_hashes_its_checkpoint_once_before_lightnings_own_load(workdir, fashion_root,
-                                                                                        monkeypatch):
-    """The CLI verifies --ckpt_path's file and reads its hyperparameters; resume.prepare (a finished run? its
-    TensorBoard run?) takes that same copy instead of reading and hashing a large file a second time."""
+@pytest.mark.parametrize("which", ["last", "file"])
+def test_a_resumed_fit_reads_and_hashes_its_checkpoint_once_in_all(workdir, fashion_root, monkeypatch, which):
+    """The CLI verifies --ckpt_path's file and reads it once: its hyperparameters (one parse layer, not LightningCLI's
+    second read), the finished-run check and Lightning's own restore (handed the same copy) take that one read."""
     from fashion_mnist_dp.cli import app
     from fashion_mnist_dp.runtime import checkpoint_io
 
     tiny = ["--network", "mlp", "--data_dir", str(fashion_root), "--trainer.limit_train_batches", "2",
             "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
     assert app.main([*tiny, "--epochs", "1"]) == 0
-    original, callers = checkpoint_io.load, []
-
-    def counted(path, *args, **kwargs):
-        callers.append(sys._getframe(1).f_code.co_name)
-        return original(path, *args, **kwargs)
-
-    monkeypatch.setattr(checkpoint_io, "load", counted)
-    assert app.main([*tiny, "--epochs", "2", "--ckpt_path", "last"]) == 0
-    assert callers.count("parse_arguments") == 1 and "prepare" not in callers, callers
-    assert callers.count("load_checkpoint") == 1  # Lightning's own restore, through VerifiedCheckpointIO
+    last = next(workdir.glob("runs/*/checkpoints/last.ckpt"))
+    resumed = (str(last), last.stat().st_mtime_ns)  # the epoch-2 save rewrites last.ckpt: another file then
+    loads, hashes = [], []
+    torch_load, file_sha256 = torch.load, checkpoint_io.file_sha256
+    stamp = (lambda f: (str(f), Path(f).stat().st_mtime_ns) if isinstance(f, (str, Path)) else None)
+    monkeypatch.setattr(torch, "load", lambda f, *a, **k: loads.append(stamp(f)) or torch_load(f, *a, **k))
+    monkeypatch.setattr(checkpoint_io, "file_sha256", lambda f: hashes.append(stamp(f)) or file_sha256(f))
+    assert app.main([*tiny, "--epochs", "2", "--ckpt_path", "last" if which == "last" else str(last)]) == 0
+    assert loads.count(resumed) == 1 and hashes.count(resumed) == 1, (loads, hashes)
