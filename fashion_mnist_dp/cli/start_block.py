@@ -9,6 +9,7 @@ from typing import Dict, List
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
+from callbacks.lean_dispatch import LeanDispatch
 from fashion_mnist_dp import runtime
 from fashion_mnist_dp.runtime import compat
 
@@ -59,6 +60,10 @@ def unseen_settings(trainer: Trainer) -> List[str]:
     lightning = "off" if any(isinstance(c, runtime.Preemption) for c in trainer.callbacks) else "on"
     lines.append("  signals         : " + "; ".join(f"{', '.join(names)} -> {name}" for name, names in handlers.items())
                  + f"; Lightning's own handlers {lightning}")
+    lean = any(isinstance(c, LeanDispatch) for c in trainer.callbacks)
+    lines.append("  callback hooks  : " + ("Lightning's dispatch replaced for this trainer (callbacks.LeanDispatch): each "
+                                          "hook called only on the callbacks that override it" if lean else
+                                          "Lightning's own dispatch"))
     hidden = [f for f in warnings.filters if f[0] == "ignore" and f[1] is not None and f[1].pattern in HIDDEN_WARNINGS]
     lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations, "
                  f"{len(NOT_OURS)} of its info lines (fashion_mnist_dp/cli/start_block.py)")

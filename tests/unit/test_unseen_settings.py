@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from lightning.pytorch import Trainer
 
-from callbacks import ThroughputReport
+from callbacks import LeanDispatch, ThroughputReport
 from fashion_mnist_dp.cli.start_block import HIDDEN_WARNINGS, unseen_settings
 from fashion_mnist_dp.runtime import Preemption
 from fashion_mnist_dp.runtime.lifetime import DEFAULT_TIMEOUT_S, set_collective_timeout
@@ -71,3 +71,10 @@ def test_the_breakdown_line_says_what_its_config_key_resolves_to_here():
     assert lines(callbacks=[ThroughputReport()], strategy="ddp")["breakdown"] == \
         "on on cpu ranks; wraps DDP's comm hook (yours too) to time its all-reduce"
     assert "breakdown" not in lines()
+
+
+def test_the_callback_hooks_line_says_whether_leandispatch_replaces_lightnings_dispatch():
+    assert lines()["callback hooks"] == "Lightning's own dispatch"
+    assert lines(callbacks=[LeanDispatch()])["callback hooks"] == (
+        "Lightning's dispatch replaced for this trainer (callbacks.LeanDispatch): each hook called only on the "
+        "callbacks that override it")
