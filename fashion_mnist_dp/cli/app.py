@@ -23,15 +23,7 @@ from fashion_mnist_dp.runtime import checkpoint_io, compat, errors, lifetime, re
 from fashion_mnist_dp.strategies import register_strategies
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-
-
-@dataclasses.dataclass
-class RunState:
-    """What the CLI decides in one hook and uses in a later one."""
-
-    lr_origin: Optional[str] = None
-    resumed: resume.Resume = dataclasses.field(default_factory=resume.Resume)
-    notes: List[str] = dataclasses.field(default_factory=list)  # start-block lines: given over the checkpoint
+DEFAULT_LR_FROM = f"{DEFAULT_CONFIG.parent.name}/{DEFAULT_CONFIG.name}"  # no flag, file or checkpoint gave the lr
 
 
 # What the model takes from the data's settings (the batch it trains at), not from a checkpoint's.
@@ -71,11 +63,10 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             parser.link_arguments(source, target)
 
     def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
-        """Parse; decide from the config alone the run's folders and ``--ckpt_path``; a resumed run's config is
-        built again in layers: defaults, the checkpoint's stored model settings, the user's files and flags (the
-        checkpoint read and verified once, no code run)."""
+        """Parse; decide the run's folders and ``--ckpt_path``; a resumed run's config again, in layers: defaults,
+        the checkpoint's stored model settings (read and verified once, no code run), the user's files and flags."""
         self.config = parser.parse_args(args)  # args always given: main() rewrote the command line
-        self.run = RunState(lr_origin=args.lr_origin)  # args: shorthand.expand_args's
+        lr_from, notes = args.lr_origin, []  # args: shorthand.expand_args's
         subcommand = self.config["subcommand"]  # required: expand_args adds fit when none is given
         config = self.config[subcommand]
         try:  # before any strategy is built: the registry's ddp and fsdp entries take it
@@ -84,27 +75,27 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         except ValueError as error:
             raise errors.ConfigError(str(error)) from error
         filled = outputs.fill_output_paths(config)  # the folders --ckpt_path last searches
-        resumed = self.run.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
-                                                    lifetime.max_restarts(), lifetime.attempt(),
-                                                    config.trainer.default_root_dir or ".")  # "": the Trainer's cwd
+        resumed = self.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
+                                                lifetime.max_restarts(), lifetime.attempt(),
+                                                config.trainer.default_root_dir or ".")  # "": the Trainer's cwd
         if resumed.path and not checkpoint_io.is_remote(resumed.path) and Path(resumed.path).is_file():
             loaded = checkpoint_io.load(resumed.path)  # verified, no code runs; a bad file: exit 66
-            self.run.resumed = dataclasses.replace(resumed, checkpoint=loaded)  # for prepare and Lightning's restore
+            self.resumed = dataclasses.replace(resumed, checkpoint=loaded)  # for prepare and Lightning's restore
             stored = checkpoint_hparams.stored_model(loaded, resumed.path)
             self.config = checkpoint_hparams.parse_over(parser, args, subcommand, stored, resumed.path)
             config = self.config[subcommand]
             filled = outputs.fill_output_paths(config)
-            self.run.notes = checkpoint_hparams.start_note(config.model, stored, resumed.path,
-                                                           {target for _, target in LINKS})
-            if self.run.lr_origin is None and "lr" in (stored.get("optimizer") or {}).get("init_args", {}):
-                self.run.lr_origin = f"the checkpoint {Path(resumed.path).name}"
+            notes = checkpoint_hparams.start_note(config.model, stored, resumed.path, {target for _, target in LINKS})
+            if lr_from is None and "lr" in (stored.get("optimizer") or {}).get("init_args", {}):
+                lr_from = f"the checkpoint {Path(resumed.path).name}"
+        self.start_lines = [f"  lr from         : {lr_from or DEFAULT_LR_FROM}", *notes]
         config.ckpt_path = resumed.path
         if config.data.worker_timeout is None:
             config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
             filled.append(("data", None, "worker_timeout"))
         self.save_config_kwargs["filled"] = filled
         if subcommand == "fit":  # before any logger is built: a continued run's folder, or a new one
-            continued = self.run.resumed.checkpoint if self.run.resumed.continue_run else None
+            continued = self.resumed.checkpoint if self.resumed.continue_run else None
             self.save_config_kwargs["filled"] += outputs.tensorboard_runs(config, continued)
 
     def before_instantiate_classes(self) -> None:
@@ -125,12 +116,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             line = f"{key} {path} cannot be built: {type(raised).__name__}: " if built else ""
             raise errors.ConfigError(line + errors.one_line(raised)) from error
         if hasattr(self.model, "start_notes"):
-            self.model.start_notes = [self._lr_note(), *self.run.notes, *start_block.unseen_settings(self.trainer),
+            self.model.start_notes = [*self.start_lines, *start_block.unseen_settings(self.trainer),
                                       *start_block.safety_off(self.trainer)]
-
-    def _lr_note(self) -> str:
-        """Where the base lr came from: a flag or file, a known-good lr, the checkpoint, or configs/default.yaml."""
-        return f"  lr from         : {self.run.lr_origin or DEFAULT_CONFIG.parent.name + '/' + DEFAULT_CONFIG.name}"
 
     def _before_launch(self) -> None:
         """In the launching process, before any rank exists: folders, rendezvous, checkpoint and data checked."""
@@ -146,11 +133,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
-        resume.prepare(self.trainer, self.subcommand, self.run.resumed)  # ckpt_path: resumed.path since parse_arguments
-        io, checkpoint = self.trainer.strategy.checkpoint_io, self.run.resumed.checkpoint
-        if checkpoint is not None and hasattr(io, "hand_over") and compat.restores_through_checkpoint_io(self.trainer):
-            io.hand_over(self.run.resumed.path, checkpoint)  # Lightning's restore takes it: the file is read once
-        self.run.resumed = dataclasses.replace(self.run.resumed, checkpoint=None)
+        resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
+        self.resumed = dataclasses.replace(self.resumed, checkpoint=None)  # handed to Lightning's restore
         if self.datamodule is not None:
             self.datamodule.check_workers()  # every process, before any rendezvous
             if self.trainer.local_rank == 0:

@@ -1,8 +1,6 @@
-"""A checkpoint's stored hyperparameters as one layer of a resumed run's config: defaults, then the checkpoint's stored
-model settings, then the user's config files and flags. So what the user gives wins, the checkpoint fills in the rest,
-and no class path from a checkpoint imports a module (docs/cli.md, "Values with a special meaning")."""
+"""A checkpoint's stored model settings as one layer of a resumed run's config, between the defaults and the user's
+files and flags; no class path from a checkpoint imports a module (docs/cli.md, "Values with a special meaning")."""
 
-import numbers
 import sys
 from pathlib import Path
 from typing import Any, Collection, Dict, List
@@ -31,9 +29,8 @@ def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
 
 
 def parse_over(parser, args, subcommand: str, stored: Dict[str, Any], path: str):
-    """The resumed run's config: the parser's defaults, ``stored`` over them, the user's ``args`` over both (files and
-    flags in their order, as jsonargparse stacks them); a checkpoint whose settings this model does not take (another
-    version of the project): one line."""
+    """The resumed run's config: the defaults, ``stored`` over them, the user's ``args`` over both; settings this
+    version of the model does not take: one line."""
     try:
         base = parser.parse_object({"subcommand": subcommand, subcommand: {MODEL: stored}})
     except Exception as error:  # noqa: BLE001 (jsonargparse raises several kinds)
@@ -43,25 +40,16 @@ def parse_over(parser, args, subcommand: str, stored: Dict[str, Any], path: str)
     return parser.parse_args(args, namespace=base)
 
 
-def _same(before: Any, now: Any) -> bool:
-    """Equal as values: 1 and 1.0, a list and a tuple, as a checkpoint's YAML-born values and a parse may differ."""
-    if isinstance(before, numbers.Number) and isinstance(now, numbers.Number):
-        return float(before) == float(now)
-    plain = (lambda v: list(v) if isinstance(v, tuple) else v)
-    return str(plain(before)) == str(plain(now))
-
-
 def start_note(model, stored: Dict[str, Any], path: str, linked: Collection[str] = ()) -> List[str]:
-    """The start block's line ``given over the checkpoint: --lr 0.5 (checkpoint: 0.05)`` for every model setting of
-    the final config (``model``) that differs from the one the checkpoint stored; a changed class is named once, not
-    its arguments; ``linked``: settings the model takes from the data's, not from the checkpoint."""
-    before, now = flat(stored, MODEL), flat(model.as_dict() if hasattr(model, "as_dict") else model, MODEL)
-    classes = [k.removesuffix(".class_path") for k in before if k.endswith(".class_path") and not _same(
-        before[k], now.get(k))]
+    """The line ``given over the checkpoint: --lr 0.5 (checkpoint: 0.05)``: each setting of the final ``model`` that
+    differs from the stored one (a changed class named once; ``linked``: taken from the data's settings)."""
+    before, now = flat(stored, MODEL), flat(model.as_dict(), MODEL)
+    classes = [k.removesuffix(".class_path") for k in before if k.endswith(".class_path") and str(before[k]) != str(
+        now.get(k))]
     found = []
     for key, value in before.items():
         inside_changed = any(key.startswith(f"{c}.") and key != f"{c}.class_path" for c in classes)
-        if key in linked or inside_changed or key not in now or _same(value, now[key]):
+        if key in linked or inside_changed or key not in now or str(value) == str(now[key]):
             continue
         setting = key.removesuffix(".class_path")
         found.append(f"{SHORT_FLAG.get(setting, '--' + setting)} {now[key]} (checkpoint: {value})")

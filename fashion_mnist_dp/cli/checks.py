@@ -98,6 +98,15 @@ def resolved_accelerator(accelerator) -> Optional[str]:
     return "cuda" if accelerator == "gpu" and cuda else accelerator
 
 
+# Trainer keys Lightning takes as any int but cannot run below a least value: (key, least, what to give).
+WHOLE_NUMBERS = (
+    ("accumulate_grad_batches", 1, "a whole number >= 1 (1: every batch is one step)"),  # 0 divides by zero
+    ("check_val_every_n_epoch", 1, "a whole number of epochs >= 1, or null to validate every "  # 0 divides by zero
+                                   "trainer.val_check_interval batches"),
+    ("num_sanity_val_steps", -1, "a number of batches >= 0, or -1 for every validation batch"),  # < -1: skipped
+)
+
+
 def check_config(config) -> None:
     """The subcommand's parsed config: what would fail late or silently."""
     trainer = config.trainer
@@ -119,22 +128,14 @@ def check_config(config) -> None:
         raise ConfigError(f"--optimizer {SHORT_NAME.get(optimizer, optimizer)} keeps a plain tensor beside fsdp's "
                           f"sharded parameters, which torch refuses; use --strategy ddp with it, or "
                           f"lamb/lars/sgd/adamw with fsdp")
-    accumulate = trainer.accumulate_grad_batches  # 0 divides by zero, < 0 trains a negative batch
-    if accumulate is not None and (type(accumulate) is not int or accumulate < 1):
-        raise ConfigError(f"trainer.accumulate_grad_batches is {accumulate!r}: give a whole number >= 1 (1: every "
-                          f"batch is one step)")
+    for key, least, advice in WHOLE_NUMBERS:
+        value = trainer[key]
+        if value is not None and (type(value) is not int or value < least):
+            raise ConfigError(f"trainer.{key} is {value!r}: give {advice}")
     # Lightning refuses < 0 and a fraction > 1.0 itself; 0 divides by zero (int) or never validates (float)
     if type(trainer.val_check_interval) in (int, float) and trainer.val_check_interval == 0:
         raise ConfigError(f"trainer.val_check_interval is {trainer.val_check_interval}: give a whole number of batches "
                           f">= 1, or a fraction of the epoch in (0.0, 1.0]")
-    every = trainer.check_val_every_n_epoch  # 0 divides by zero in Lightning's loop
-    if every is not None and (type(every) is not int or every < 1):
-        raise ConfigError(f"trainer.check_val_every_n_epoch is {every!r}: give a whole number of epochs >= 1, or null "
-                          f"to validate every trainer.val_check_interval batches")
-    sanity = trainer.num_sanity_val_steps  # Lightning takes -1 (all) and counts; below -1 it skips the check silently
-    if sanity is not None and (type(sanity) is not int or sanity < -1):
-        raise ConfigError(f"trainer.num_sanity_val_steps is {sanity!r}: give a number of batches >= 0, or -1 for "
-                          f"every validation batch")
     clip = trainer.gradient_clip_val
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
         raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")

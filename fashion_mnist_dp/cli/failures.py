@@ -36,7 +36,6 @@ def failed_constructor(error: BaseException, classes: Dict[str, str]) -> Optiona
     return None
 
 
-
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
 _VAL_CHECK_BEYOND_EPOCH = re.compile(
     r"`val_check_interval` \((\d+)\) must be less than or equal to the number of the training batches \((\d+)\)")
@@ -76,7 +75,6 @@ def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-
 
 
 def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,

@@ -42,6 +42,10 @@ def safety_off(trainer: Trainer) -> List[str]:
             if not any(issubclass(p, kind) for p in present)]
 
 
+LEAN = ("Lightning's dispatch replaced for this trainer (callbacks.LeanDispatch): each hook called only on the "
+        "callbacks that override it")
+
+
 def _handler_name(handler) -> str:
     names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored", None: "not Python's"}
     return names.get(handler) or f"{getattr(handler, '__module__', '?')}.{getattr(handler, '__qualname__', handler)}"
@@ -61,9 +65,7 @@ def unseen_settings(trainer: Trainer) -> List[str]:
     lines.append("  signals         : " + "; ".join(f"{', '.join(names)} -> {name}" for name, names in handlers.items())
                  + f"; Lightning's own handlers {lightning}")
     lean = any(isinstance(c, LeanDispatch) for c in trainer.callbacks)
-    lines.append("  callback hooks  : " + ("Lightning's dispatch replaced for this trainer (callbacks.LeanDispatch): each "
-                                          "hook called only on the callbacks that override it" if lean else
-                                          "Lightning's own dispatch"))
+    lines.append("  callback hooks  : " + (LEAN if lean else "Lightning's own dispatch"))
     hidden = [f for f in warnings.filters if f[0] == "ignore" and f[1] is not None and f[1].pattern in HIDDEN_WARNINGS]
     lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations, "
                  f"{len(NOT_OURS)} of its info lines (fashion_mnist_dp/cli/start_block.py)")

@@ -9,7 +9,6 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
 
@@ -156,18 +155,11 @@ def release_children(trainer: Trainer) -> List[Any]:
 
 
 class CheckpointHparamsOurs(LightningCLI):
-    """LightningCLI without its merge of a checkpoint's hyperparameters over the parsed config (a second, unverified
-    read of the file, whose values then beat the user's flags): the CLI builds that config itself, in layers
-    (fashion_mnist_dp/cli/checkpoint_hparams.py)."""
+    """LightningCLI without its merge of a checkpoint's hyperparameters over the parsed flags (an unverified second
+    read): the CLI builds that config in layers itself (fashion_mnist_dp/cli/checkpoint_hparams.py)."""
 
     def _parse_ckpt_path(self) -> None:
         pass
-
-
-def restores_through_checkpoint_io(trainer: Trainer) -> bool:
-    """Whether the strategy loads a checkpoint with its CheckpointIO (Lightning's ``Strategy.load_checkpoint``; fsdp's
-    reads the file itself)."""
-    return type(trainer.strategy).load_checkpoint is Strategy.load_checkpoint
 
 
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:

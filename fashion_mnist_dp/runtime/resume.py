@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import Strategy
 
 from fashion_mnist_dp.runtime import checkpoint_io, compat
 from fashion_mnist_dp.runtime.errors import CheckpointError, NothingToTrain, one_line
@@ -168,11 +169,16 @@ class TensorBoardRun(Callback):
 
 
 def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> None:
-    """Before launch: rank 0 prints the resolution's lines; a finished fit raises NothingToTrain."""
+    """Before launch: rank 0 prints the resolution's lines; a finished fit raises NothingToTrain; Lightning's restore
+    is handed the checkpoint the CLI read (unless the strategy reads the file itself: fsdp), so it is read once."""
     if trainer.is_global_zero:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
-    checkpoint = resumed.checkpoint if subcommand == "fit" else None  # the file the CLI verified and read once
-    done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if checkpoint is not None else None
+    checkpoint, io = resumed.checkpoint, trainer.strategy.checkpoint_io
+    done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if checkpoint and subcommand == "fit" \
+        else None
     if done:
         raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
+    if checkpoint is not None and isinstance(io, checkpoint_io.VerifiedCheckpointIO) and \
+            type(trainer.strategy).load_checkpoint is Strategy.load_checkpoint:
+        io.hand_over(resumed.path, checkpoint)

@@ -149,35 +149,24 @@ def installed() -> Optional[Handlers]:
 
 
 @contextmanager
-def handled() -> Iterator[Handlers]:
-    """The handlers of a train.py process; the ones before them back at the end (``main`` may run inside a caller)."""
+def guarded_process() -> Iterator[Handlers]:
+    """A train.py process's start, undone when ``main`` returns: a rank dies with its launcher; our signal handlers
+    (the previous ones back at the end); the process group released while the interpreter is whole."""
+    die_with_parent()
+    launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
+    if not is_launched_rank():  # a launching train.py: its ranks check that their parent is this pid (die_with_parent)
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     previous = {signum: signal.getsignal(signum) for signum in (*SIGNALS, PEER_FAILED)}
     handlers = Handlers().install()
     stop_watching = handlers.watch()
     try:
         yield handlers
     finally:
+        release_process_group()  # under the handlers: a signal now ends the process with its code
         stop_watching()
         for signum, handler in previous.items():
             if handler is not None:
                 signal.signal(signum, handler)
-
-
-@contextmanager
-def guarded_process() -> Iterator[Handlers]:
-    """A train.py process's start, undone when ``main`` returns: a rank dies with its launcher; signal handlers; the
-    process group released while the interpreter is whole."""
-    die_with_parent()
-    launcher_pid = os.environ.get(LAUNCHER_PID_ENV)
-    if not is_launched_rank():  # a launching train.py: its ranks check that their parent is this pid (die_with_parent)
-        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
-    try:
-        with handled() as handlers:
-            try:
-                yield handlers
-            finally:
-                release_process_group()  # under the handlers: a signal now ends the process with its code
-    finally:
         if launcher_pid is None:
             os.environ.pop(LAUNCHER_PID_ENV, None)
         else:

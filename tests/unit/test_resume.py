@@ -2,7 +2,6 @@
 TensorBoard run a resume continues, and the loader's position (datamodules/resumable.py)."""
 
 import os
-import sys
 import time
 import warnings
 from pathlib import Path
