@@ -59,12 +59,6 @@ def scontrol(run: Callable, *args: str) -> str:
     return (shown.stdout or "") if shown.returncode == 0 else ""
 
 
-def slurm_node_address(node: str, run: Callable = subprocess.run) -> Optional[str]:
-    """SLURM's ``NodeAddr`` for ``node`` (``scontrol show node``), or None when SLURM has none or cannot say."""
-    found = re.search(r"\bNodeAddr=(\S+)", scontrol(run, "show", "node", node))
-    return found.group(1) if found and found.group(1) != node else None
-
-
 def rendezvous_address(environment, environ: MutableMapping[str, str] = os.environ,
                        run: Callable = subprocess.run) -> Tuple[str, Optional[str]]:
     """The rendezvous address and a start-block note when SLURM's ``NodeAddr`` (exported as ``MASTER_ADDR``) replaced
@@ -73,8 +67,9 @@ def rendezvous_address(environment, environ: MutableMapping[str, str] = os.envir
     if addresses(address):
         return address, None
     where = "MASTER_ADDR" if environ.get("MASTER_ADDR") else "the first node of SLURM_NODELIST"
-    node_address = slurm_node_address(address, run) if "SLURM_JOB_ID" in environ else None
-    if node_address and addresses(node_address):
+    shown = scontrol(run, "show", "node", address) if "SLURM_JOB_ID" in environ else ""  # SLURM's NodeAddr for it
+    node_address = (re.findall(r"\bNodeAddr=(\S+)", shown) or [address])[0]
+    if node_address != address and addresses(node_address):
         environ["MASTER_ADDR"] = node_address
         return node_address, f"  rendezvous      : {node_address}, SLURM's NodeAddr of {address} ({address} does not " \
                              f"resolve here)"
@@ -97,12 +92,6 @@ def route_interface(target: str) -> Optional[str]:
     return None
 
 
-def _another_node(environ: Mapping[str, str], run: Callable) -> Optional[str]:
-    """Under SLURM, the first node of the job whose name resolves to a real address here, else None."""
-    nodes = scontrol(run, "show", "hostnames", environ["SLURM_NODELIST"]) if "SLURM_NODELIST" in environ else ""
-    return next((node for node in nodes.split() if not _loopback_only(node)), None)
-
-
 def gloo_interface(rendezvous: str, environ: MutableMapping[str, str] = os.environ,
                    run: Callable = subprocess.run) -> Optional[str]:
     """Where GLOO_SOCKET_IFNAME is unset and the host name resolves to a loopback address (Debian's 127.0.1.1), gloo
@@ -113,8 +102,10 @@ def gloo_interface(rendezvous: str, environ: MutableMapping[str, str] = os.envir
     if environ.get("GLOO_SOCKET_IFNAME") or not _loopback_only(host):
         return None
     target, why = rendezvous, ""
-    if _loopback_only(rendezvous):
-        target, why = _another_node(environ, run), f", a node of this job: {rendezvous} resolves to loopback here"
+    if _loopback_only(rendezvous):  # the first node of the SLURM job whose name resolves to a real address here
+        nodes = scontrol(run, "show", "hostnames", environ["SLURM_NODELIST"]) if "SLURM_NODELIST" in environ else ""
+        target = next((node for node in nodes.split() if not _loopback_only(node)), None)
+        why = f", a node of this job: {rendezvous} resolves to loopback here"
     name = route_interface(target) if target else None
     if name:
         environ["GLOO_SOCKET_IFNAME"] = name
