@@ -45,9 +45,11 @@ def addresses(host: str) -> List[str]:
         return []
 
 
-def _loopback_only(host: str) -> bool:
-    """Whether ``host`` resolves to loopback addresses only, or to none: gloo then offers its peers 127.0.0.1."""
-    return all(ipaddress.ip_address(address).is_loopback for address in addresses(host))
+def _loopback(host: str) -> bool:
+    """Whether ``host`` resolves to a loopback address first, or not at all: gloo then offers its peers 127.0.0.1 (it
+    takes the first address that binds)."""
+    found = addresses(host)
+    return not found or ipaddress.ip_address(found[0]).is_loopback
 
 
 def scontrol(run: Callable, *args: str) -> str:
@@ -99,12 +101,12 @@ def gloo_interface(rendezvous: str, environ: MutableMapping[str, str] = os.envir
     node, whose name may be loopback there too, to another node of the SLURM job) and return the start block's line;
     else None (gloo's own choice, also for a job on one host)."""
     host = socket.gethostname()
-    if environ.get("GLOO_SOCKET_IFNAME") or not _loopback_only(host):
+    if environ.get("GLOO_SOCKET_IFNAME") or not _loopback(host):
         return None
     target, why = rendezvous, ""
-    if _loopback_only(rendezvous):  # the first node of the SLURM job whose name resolves to a real address here
+    if _loopback(rendezvous):  # the first node of the SLURM job whose name resolves to a real address here
         nodes = scontrol(run, "show", "hostnames", environ["SLURM_NODELIST"]) if "SLURM_NODELIST" in environ else ""
-        target = next((node for node in nodes.split() if not _loopback_only(node)), None)
+        target = next((node for node in nodes.split() if not _loopback(node)), None)
         why = f", a node of this job: {rendezvous} resolves to loopback here"
     name = route_interface(target) if target else None
     if name:

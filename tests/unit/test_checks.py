@@ -158,7 +158,7 @@ def test_gloo_gets_the_interface_the_kernel_routes_to_the_rendezvous_through_unl
 
     monkeypatch.setattr(slurm.socket, "gethostname", lambda: "node7")
     resolved = {"node7": True, "127.0.0.1": False}  # whether each name resolves to loopback only
-    monkeypatch.setattr(slurm, "_loopback_only", lambda host: resolved[host])
+    monkeypatch.setattr(slurm, "_loopback", lambda host: resolved[host])
     environ = {}
     assert slurm.gloo_interface("127.0.0.1", environ) == \
         "  gloo interface  : lo (routes to 127.0.0.1; GLOO_SOCKET_IFNAME unset, node7 resolves to loopback)"
@@ -179,7 +179,7 @@ def test_on_the_rendezvous_node_whose_own_name_resolves_to_loopback_gloo_gets_th
     from fashion_mnist_dp.cli import slurm
 
     monkeypatch.setattr(slurm.socket, "gethostname", lambda: "node7")
-    monkeypatch.setattr(slurm, "_loopback_only", lambda host: host == "node7")
+    monkeypatch.setattr(slurm, "_loopback", lambda host: host == "node7")
     environ = {"SLURM_JOB_ID": "3", "SLURM_NODELIST": "node[7-8]"}
     asked = []
 
@@ -195,10 +195,10 @@ def test_on_the_rendezvous_node_whose_own_name_resolves_to_loopback_gloo_gets_th
     assert slurm.gloo_interface("node7", one_node, scontrol("node7\n")) is None and "GLOO_SOCKET_IFNAME" not in one_node
 
 
-def test_which_names_resolve_to_loopback_only_and_which_interface_routes_to_an_address():
-    from fashion_mnist_dp.cli.slurm import _loopback_only, route_interface
+def test_which_names_resolve_to_loopback_and_which_interface_routes_to_an_address():
+    from fashion_mnist_dp.cli.slurm import _loopback, route_interface
 
-    assert [_loopback_only(name) for name in ("localhost", "127.0.1.1", "::1", "nowhere.invalid")] == [True] * 4
-    assert [_loopback_only(name) for name in ("10.0.0.1", "192.0.2.1")] == [False] * 2
+    assert [_loopback(name) for name in ("localhost", "127.0.1.1", "::1", "nowhere.invalid")] == [True] * 4
+    assert [_loopback(name) for name in ("10.0.0.1", "192.0.2.1")] == [False] * 2
     assert route_interface("127.0.0.1") == route_interface("127.0.0.9") == "lo"
     assert route_interface("::1") is None  # IPv6: not looked up
