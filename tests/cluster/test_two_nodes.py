@@ -146,7 +146,9 @@ def test_the_sbatch_script_trains_on_two_nodes_and_ends_as_the_same_ranks_on_one
     """Debian's default /etc/hosts on each node: the host name on 127.0.0.1 and the node's own name on 127.0.1.1, so
     the rendezvous address, the first node's name, is loopback there and the other node's address on the second. No
     interface is named: each rank picks the one that routes to the rendezvous address, or, on the first node, to the
-    other node of the job."""
+    other node of the job. Each rank's record checks its choice: without the first node's, this job still trains,
+    since gloo's pair dials from the larger address and 127.0.0.1 > 10.77.0.12; on a network above 127 (192.168.x)
+    the second node would dial 127.0.0.1 (checked by breaking it once: the record, not the job, failed)."""
     data = snapshot(fashion_root)
     first, second = two_nodes.nodes
     two_nodes.names_resolve(True, own_on_loopback=True)
