@@ -45,7 +45,10 @@ class FashionMNISTDataModule(LightningDataModule):
             (so the stalled rank reports before its peers time out), elsewhere DataLoader's default (forever).
         worker_init_fn: With workers, the import path of DataLoader's ``worker_init_fn`` (a name, so that
             hyperparameters and checkpoints hold no code; configs/default.yaml's: the workers die with their rank).
-        download: Download the files when missing (needs network).
+        download: Download the files when missing (needs network). Nodes that download into one shared folder at
+            once each publish checked files; none replaces another's, no reader sees a half-written file.
+        mirror: URL of a folder holding torchvision's four ``.gz`` files (the same MD5s), tried before its own
+            mirrors.
         random_crop_padding: Training augmentation: shift each image by up to this many pixels
             (zero padding, as torchvision's ``RandomCrop(28, padding)``). 0: off.
         horizontal_flip: Training augmentation: mirror each image with probability 0.5.
@@ -71,6 +74,7 @@ class FashionMNISTDataModule(LightningDataModule):
         worker_timeout: Optional[PositiveFloat] = None,
         worker_init_fn: Optional[str] = None,
         download: bool = True,
+        mirror: Optional[str] = None,
         random_crop_padding: NonNegativeInt = 0,
         horizontal_flip: bool = False,
         keep_on_device: bool = True,
@@ -86,7 +90,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.worker_timeout, self.worker_init_fn = worker_timeout, worker_init_fn
         self._worker_init = imported(worker_init_fn, "worker_init_fn") if worker_init_fn else None
-        self.download = download
+        self.download, self.mirror = download, mirror
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
         self.keep_on_device = keep_on_device
@@ -105,7 +109,7 @@ class FashionMNISTDataModule(LightningDataModule):
         all four (datamodules/files.py)."""
         missing, folder = missing_files(self.data_dir), raw_folder(self.data_dir)
         if missing:
-            download_or_raise(self.data_dir, missing, self.download)
+            download_or_raise(self.data_dir, missing, self.download, self.mirror)
         check_raw_folder(folder.resolve())
         left = read_header(folder / SPLITS[0][0], 3)[0] - self.val_size
         self._check_train_subset(left)
@@ -141,7 +145,7 @@ class FashionMNISTDataModule(LightningDataModule):
         if self.train_set is None or self.test_set is None:
             missing = missing_files(self.data_dir)
             if missing:  # prepare_data ran on another node's file system, or not at all (e.g. validate without fit)
-                download_or_raise(self.data_dir, missing, download=False)
+                download_or_raise(self.data_dir, missing, allowed=False)
             check_raw_folder(raw_folder(self.data_dir).resolve())
         root = str(torchvision_root(self.data_dir))
         if stage in ("fit", "validate") and self.train_set is None:

@@ -6,7 +6,9 @@ file's header, size and labels are checked; a problem raises :class:`CorruptData
 
 import math
 import os
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -58,18 +60,43 @@ def _unreadable_folder(data_dir: str) -> Optional[Path]:
     return None
 
 
-def download_or_raise(data_dir: str, missing: List[str], download: bool) -> None:
-    """torchvision's download of both splits, or :class:`DataNotFoundError` saying where the files go and why."""
+def download(data_dir: str, mirror: Optional[str] = None) -> None:
+    """torchvision's download (``mirror`` first, then its own) into a private folder beside ``raw``, since torchvision
+    writes and extracts in place; the files checked there, then each hard-linked into ``raw``. A link is atomic, on
+    NFS too, and never replaces a file: nodes that download into one shared folder at once leave the first checked
+    copy of each file, and no reader sees a half-written one. ``.gz`` archives already in ``raw`` are used."""
+    raw = raw_folder(data_dir)
+    raw.mkdir(parents=True, exist_ok=True)
+    mirrors = [mirror.rstrip("/") + "/"] if mirror else []
+    dataset = type(FashionMNIST.__name__, (FashionMNIST,), {"mirrors": mirrors + FashionMNIST.mirrors})
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=raw.parent) as private:
+        fetched = Path(private) / FashionMNIST.__name__ / "raw"
+        fetched.mkdir(parents=True)
+        for archive in (raw / name for name, _ in FashionMNIST.resources if (raw / name).is_file()):
+            shutil.copy(archive, fetched)  # torchvision checks its MD5 and fetches it again if it differs
+        dataset(private, train=False, download=True)
+        check_raw_folder(fetched)
+        for name in RAW_FILES:
+            try:
+                os.link(fetched / name, raw / name)
+            except FileExistsError:  # another node's checked copy came first, or the file was never missing
+                pass
+            except OSError:  # a file system without hard links: a rename, atomic too, if still missing
+                if not os.path.exists(raw / name):
+                    os.replace(fetched / name, raw / name)
+
+
+def download_or_raise(data_dir: str, missing: List[str], allowed: bool, mirror: Optional[str] = None) -> None:
+    """:func:`download`, or :class:`DataNotFoundError` saying where the files go and why not."""
     unreadable = _unreadable_folder(data_dir)
     if unreadable is not None:
         raise DataNotFoundError(
             f"cannot read the folder {unreadable.resolve()} (permission denied): make it readable "
             f"(chmod a+rX) or point --data.data_dir or ${DATA_DIR_ENV} at a readable copy of FashionMNIST/raw.")
     reason = "download is disabled (--data.download false)"
-    if download:
+    if allowed:
         try:
-            for train in (True, False):
-                FashionMNIST(str(torchvision_root(data_dir)), train=train, download=True)
+            download(data_dir, mirror)
             return
         except Exception as error:  # torchvision raises RuntimeError/URLError/OSError per mirror
             reason = f"download failed ({type(error).__name__}: {' '.join(str(error).split())[:200]})"

@@ -15,11 +15,13 @@ import time
 from pathlib import Path
 
 from lightning.pytorch import Callback
+from torchvision.datasets import FashionMNIST
 
 from datamodules import FashionMNISTDataModule
 from datamodules.files import missing_files, raw_folder
 from datamodules.in_memory import InMemoryImages
 from tests.idx_files import sample_ids
+from tests.mirror import served_resources
 
 
 class SampleRecorder(Callback):
@@ -498,8 +500,8 @@ class SlowAllReduce(Callback):
 
 class WhereRanksRun(Callback):
     """At the start of training each rank writes where it runs to ``$SAMPLE_RECORD_DIR/where<global rank>.json``:
-    its pid, SLURM node, network namespace (the inode of ``/proc/<pid>/ns/net``), node and local rank, and the
-    rendezvous address its cluster environment gave (tests/cluster/test_two_nodes.py)."""
+    its pid, SLURM node, network namespace (the inode of ``/proc/<pid>/ns/net``), node and local rank, the
+    rendezvous address its cluster environment gave and its GLOO_SOCKET_IFNAME (tests/cluster/test_two_nodes.py)."""
 
     def on_train_start(self, trainer, pl_module):
         environment = trainer.strategy.cluster_environment
@@ -507,5 +509,15 @@ class WhereRanksRun(Callback):
                   "net_ns": os.stat(f"/proc/{os.getpid()}/ns/net").st_ino, "node_rank": trainer.node_rank,
                   "local_rank": trainer.local_rank, "world_size": trainer.world_size,
                   "environment": type(environment).__name__, "main_address": environment.main_address,
-                  "main_port": environment.main_port}
+                  "main_port": environment.main_port, "gloo_socket_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}
         (Path(os.environ["SAMPLE_RECORD_DIR"]) / f"where{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+class ServedArchives(Callback):
+    """torchvision's FashionMNIST in this process checks the MD5s of the test mirror's archives in ``folder`` (the
+    tiny data's, not the real ones) and has no mirror of its own, so only ``--data.mirror`` is tried. The CLI builds
+    callbacks before train.py's prepare_data downloads (tests/cluster/test_two_nodes.py)."""
+
+    def __init__(self, folder: str) -> None:
+        FashionMNIST.resources = served_resources(Path(folder))
+        FashionMNIST.mirrors = []

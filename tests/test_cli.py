@@ -73,10 +73,17 @@ def test_a_runs_saved_config_reruns_it_elsewhere_and_leaves_the_first_run_alone(
     args = ["--network", "mlp", "--data_dir", str(fashion_root), "--epochs", "3", "--batch_size", "32",
             "--trainer.log_every_n_steps", "1", "--test_after_fit", "false", "--trainer.limit_train_batches", "1",
             "--collective_timeout", "40"]
-    first = run_train(args, cwd=tmp_path)
+    fake = tmp_path / "bin"  # SLURM installed here, the run outside srun: Lightning's hint is kept out, and said so
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "srun").chmod(0o755)
+    first = run_train(args, cwd=tmp_path, env={"PATH": f"{fake}:{os.environ['PATH']}"})
     assert first.returncode == 0, first.stderr[-2000:]
     for name in ("strategy class", "signals", "hidden output", "breakdown"):  # what no key shows: the start block
         assert f"\n  {name:<16}: " in first.stderr, name
+    kept_out = "(its srun hint kept out: srun is on PATH, this run is not under it)"
+    assert kept_out in first.stderr and "srun" not in (first.stdout + first.stderr).replace(kept_out, ""), \
+        first.stderr[-2000:]
     run = experiment_dir(tmp_path)
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
     config = run / "version_0" / "config.yaml"

@@ -125,11 +125,12 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         environment = getattr(self.trainer.strategy, "cluster_environment", None)
         if environment is not None and self.trainer.world_size > 1:
             try:  # before any rendezvous: a name that does not resolve here made c10d retry it without end
-                note = slurm.rendezvous_address(environment)[1]
+                address, note = slurm.rendezvous_address(environment)
             except LookupError as error:
                 raise errors.JobFault(str(error)) from error
-            if note and hasattr(self.model, "start_notes"):
-                self.model.start_notes.append(note)
+            for line in (note, slurm.gloo_interface(address)):  # before the process group, in every rank
+                if line and hasattr(self.model, "start_notes"):
+                    self.model.start_notes.append(line)
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)

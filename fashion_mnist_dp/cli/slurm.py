@@ -1,10 +1,15 @@
-"""What the Trainer cannot check about the job around it: srun's tasks, and whether the rendezvous address resolves."""
+"""What the Trainer cannot check about the job around it: srun's tasks, whether the rendezvous address resolves, and
+which network gloo offers its peers."""
 
+import contextlib
+import fcntl
+import ipaddress
 import os
 import re
 import socket
+import struct
 import subprocess
-from typing import Callable, Mapping, MutableMapping, Optional, Tuple
+from typing import Callable, List, Mapping, MutableMapping, Optional, Tuple
 
 
 def check_slurm_layout(environ: Mapping[str, str], want, nodes: int) -> Optional[str]:
@@ -32,21 +37,28 @@ def check_slurm_layout(environ: Mapping[str, str], want, nodes: int) -> Optional
     return None
 
 
-def resolves(host: str) -> bool:
+def addresses(host: str) -> List[str]:
+    """The addresses ``host`` resolves to here; none when it does not resolve."""
     try:
-        return bool(socket.getaddrinfo(host, None))
-    except (socket.gaierror, UnicodeError, OSError):
-        return False
+        return [info[4][0].split("%")[0] for info in socket.getaddrinfo(host, 9)]
+    except (OSError, UnicodeError):
+        return []
 
 
-def slurm_node_address(node: str, run: Callable = subprocess.run) -> Optional[str]:
-    """SLURM's ``NodeAddr`` for ``node`` (``scontrol show node``), or None when SLURM has none or cannot say."""
+def _loopback(host: str) -> bool:
+    """Whether ``host`` resolves to a loopback address first, or not at all: gloo then offers its peers 127.0.0.1 (it
+    takes the first address that binds)."""
+    found = addresses(host)
+    return not found or ipaddress.ip_address(found[0]).is_loopback
+
+
+def scontrol(run: Callable, *args: str) -> str:
+    """What ``scontrol ARGS`` prints, or nothing when it fails or cannot run."""
     try:
-        shown = run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=10)
+        shown = run(["scontrol", *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = re.search(r"\bNodeAddr=(\S+)", shown.stdout or "") if shown.returncode == 0 else None
-    return found.group(1) if found and found.group(1) != node else None
+        return ""
+    return (shown.stdout or "") if shown.returncode == 0 else ""
 
 
 def rendezvous_address(environment, environ: MutableMapping[str, str] = os.environ,
@@ -54,11 +66,12 @@ def rendezvous_address(environment, environ: MutableMapping[str, str] = os.envir
     """The rendezvous address and a start-block note when SLURM's ``NodeAddr`` (exported as ``MASTER_ADDR``) replaced
     a name that does not resolve here; else LookupError with the line (docs/running-on-clusters.md)."""
     address = environment.main_address
-    if resolves(address):
+    if addresses(address):
         return address, None
     where = "MASTER_ADDR" if environ.get("MASTER_ADDR") else "the first node of SLURM_NODELIST"
-    node_address = slurm_node_address(address, run) if "SLURM_JOB_ID" in environ else None
-    if node_address and resolves(node_address):
+    shown = scontrol(run, "show", "node", address) if "SLURM_JOB_ID" in environ else ""  # SLURM's NodeAddr for it
+    node_address = (re.findall(r"\bNodeAddr=(\S+)", shown) or [address])[0]
+    if node_address != address and addresses(node_address):
         environ["MASTER_ADDR"] = node_address
         return node_address, f"  rendezvous      : {node_address}, SLURM's NodeAddr of {address} ({address} does not " \
                              f"resolve here)"
@@ -66,3 +79,38 @@ def rendezvous_address(environment, environ: MutableMapping[str, str] = os.envir
     raise LookupError(f"the rendezvous address {address} ({where}) does not resolve on this host{slurm}: set "
                       f"MASTER_ADDR to the IP address of rank 0's node, or make {address} resolve here (DNS, "
                       f"/etc/hosts)")
+
+
+def route_interface(target: str) -> Optional[str]:
+    """The interface the kernel routes to IPv4 ``target`` through, the one holding the route's source address (a UDP
+    socket's connect() sends nothing; Linux's SIOCGIFADDR reads each interface's address), else None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe, contextlib.suppress(OSError):
+        probe.connect((target, 9))
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):  # an interface without an IPv4 address
+                ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()))
+                if socket.inet_ntoa(ifreq[20:24]) == probe.getsockname()[0]:
+                    return name
+    return None
+
+
+def gloo_interface(rendezvous: str, environ: MutableMapping[str, str] = os.environ,
+                   run: Callable = subprocess.run) -> Optional[str]:
+    """Where GLOO_SOCKET_IFNAME is unset and the host name resolves to a loopback address (Debian's 127.0.1.1), gloo
+    would offer its peers 127.0.0.1: set it to the interface that routes to the rendezvous address (on the rendezvous
+    node, whose name may be loopback there too, to another node of the SLURM job) and return the start block's line;
+    else None (gloo's own choice, also for a job on one host)."""
+    host = socket.gethostname()
+    if environ.get("GLOO_SOCKET_IFNAME") or not _loopback(host):
+        return None
+    target, why = rendezvous, ""
+    if _loopback(rendezvous):  # the first node of the SLURM job whose name resolves to a real address here
+        nodes = scontrol(run, "show", "hostnames", environ["SLURM_NODELIST"]) if "SLURM_NODELIST" in environ else ""
+        target = next((node for node in nodes.split() if not _loopback(node)), None)
+        why = f", a node of this job: {rendezvous} resolves to loopback here"
+    name = route_interface(target) if target else None
+    if name:
+        environ["GLOO_SOCKET_IFNAME"] = name
+        return f"  gloo interface  : {name} (routes to {target}{why}; GLOO_SOCKET_IFNAME unset, {host} resolves to " \
+               f"loopback)"
+    return None

@@ -2,10 +2,12 @@
 this module loads."""
 
 import logging
+import shutil
 import signal
 import warnings
 from typing import Dict, List
 
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -13,9 +15,11 @@ from callbacks.lean_dispatch import LeanDispatch
 from fashion_mnist_dp import runtime
 from fashion_mnist_dp.runtime import compat
 
-# Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users.
+# Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users; and its
+# multi-line hint on every run outside srun where srun is installed (train.py's own checks cover SLURM launches).
+SRUN_HINT = r"The `srun` command is available on your system but is not used.*"
 HIDDEN_WARNINGS = (r".*isinstance\(treespec, LeafSpec\).*",
-                   r".*torch.distributed.nn.functional.all_gather is deprecated.*")
+                   r".*torch.distributed.nn.functional.all_gather is deprecated.*", SRUN_HINT)
 for _pattern in HIDDEN_WARNINGS:
     warnings.filterwarnings("ignore", message=_pattern)
 # Lightning 2.6's own lines that are not ours to print: its cloud logger's advertisement at every start
@@ -66,8 +70,10 @@ def unseen_settings(trainer: Trainer) -> List[str]:
                  + f"; Lightning's own handlers {lightning}")
     lean = any(isinstance(c, LeanDispatch) for c in trainer.callbacks)
     lines.append("  callback hooks  : " + (LEAN if lean else "Lightning's own dispatch"))
-    hidden = [f for f in warnings.filters if f[0] == "ignore" and f[1] is not None and f[1].pattern in HIDDEN_WARNINGS]
-    lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations, "
+    hidden = [f[1].pattern for f in warnings.filters if f[0] == "ignore" and f[1] and f[1].pattern in HIDDEN_WARNINGS]
+    srun = SRUN_HINT in hidden and shutil.which("srun") and not SLURMEnvironment.detect()
+    lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations and hints"
+                 f"{' (its srun hint kept out: srun is on PATH, this run is not under it)' if srun else ''}, "
                  f"{len(NOT_OURS)} of its info lines (fashion_mnist_dp/cli/start_block.py)")
     report = next((c for c in trainer.callbacks if hasattr(c, "breakdown_on")), None)
     if report is not None:

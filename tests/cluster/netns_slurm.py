@@ -5,11 +5,12 @@ the data) is shared, like a cluster with a shared home.
 
 Each slurmd starts as ``nsenter --net=/var/run/netns/NAME unshare --mount ... slurmd -N NAME``: ``nsenter``, not
 ``ip netns exec`` (which remounts /sys, hiding the cgroup mounts: slurmd then fails with "No filesystem mounted on
-/sys/fs/cgroup"), and a private mount namespace in which the tier's own ``hosts`` file is bind-mounted over
-/etc/hosts, so that the node names resolve, or not (:meth:`NamespaceSlurm.names_resolve`), for the node's daemon and
-every task it starts, without changing the machine's /etc/hosts. The interface inside each namespace is named
-``fmdp`` on both nodes (``GLOO_SOCKET_IFNAME=fmdp``: the namespaces share the host name, which resolves to
-127.0.0.1, so gloo would otherwise offer its peers a loopback address).
+/sys/fs/cgroup"), and a private mount namespace in which the node's own ``hosts-NAME`` file of the tier is
+bind-mounted over /etc/hosts, so that the node names resolve, or not, or each node's own name to 127.0.1.1 as in
+Debian's default (:meth:`NamespaceSlurm.names_resolve`), for the node's daemon and every task it starts, without
+changing the machine's /etc/hosts. The interface inside each namespace is named ``fmdp`` on both nodes. The
+namespaces share the machine's host name, which resolves to 127.0.0.1 there: gloo would offer its peers a loopback
+address, unless told otherwise (train.py picks the interface that routes to the rendezvous address).
 
 Nothing here touches ip_forward or any other sysctl: the bridge joins the namespaces at layer 2. Every name this
 creates starts with ``fmdp``; a namespace or link left by an interrupted run is removed at start, under a lock
@@ -23,7 +24,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List
 
 from tests.cluster.local_slurm import LocalSlurm, _alive, _node_cpus, kill_all
 
@@ -85,23 +86,26 @@ class NamespaceSlurm(LocalSlurm):
     def __init__(self, folder: Path) -> None:
         super().__init__(folder)
         self.nodes = NODES
-        self.hosts = self.folder / "hosts"  # bind-mounted over /etc/hosts for each node's slurmd and its tasks
         self._lock = None
 
-    def node_env(self, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-        """What a job needs on these nodes besides SLURM_CONF: gloo on the namespace's own interface."""
-        return self.env({"GLOO_SOCKET_IFNAME": IFNAME, **(extra or {})})
+    def hosts(self, node: str) -> Path:
+        """The file ``node``'s slurmd and its tasks see as /etc/hosts."""
+        return self.folder / f"hosts-{node}"
 
-    def names_resolve(self, resolve: bool) -> None:
-        """Make the node names resolve to their addresses on the nodes (``True``) or not at all (``False``): the
-        ``hosts`` file every node sees as /etc/hosts, rewritten in place (the bind mount follows the inode)."""
-        lines = ["127.0.0.1 localhost", f"127.0.0.1 {self.host}"]
-        if resolve:
-            lines += [f"{node_addr(i)} {node}" for i, node in enumerate(self.nodes)]
-        with open(self.hosts, "r+" if self.hosts.exists() else "w") as hosts:
-            hosts.seek(0)
-            hosts.truncate()
-            hosts.write("\n".join(lines) + "\n")
+    def names_resolve(self, resolve: bool, own_on_loopback: bool = False) -> None:
+        """Make the node names resolve to their addresses on the nodes (``True``) or not at all (``False``); with
+        ``own_on_loopback``, each node's own name to 127.0.1.1 there (Debian's default /etc/hosts; the other node's
+        name as DNS would give it). Each node's ``hosts`` file rewritten in place (the bind mount follows the inode)."""
+        for node in self.nodes:
+            lines = ["127.0.0.1 localhost", f"127.0.0.1 {self.host}"]
+            if resolve:
+                lines += [f"{'127.0.1.1' if own_on_loopback and name == node else node_addr(i)} {name}"
+                          for i, name in enumerate(self.nodes)]
+            path = self.hosts(node)
+            with open(path, "r+" if path.exists() else "w") as hosts:
+                hosts.seek(0)
+                hosts.truncate()
+                hosts.write("\n".join(lines) + "\n")
 
     def _write_config(self) -> None:
         super()._write_config()
@@ -124,7 +128,7 @@ class NamespaceSlurm(LocalSlurm):
         ]))
         for node in self.nodes:
             (f / f"spool-{node}").mkdir(exist_ok=True)
-        if not self.hosts.exists():
+        if not self.hosts(self.nodes[0]).exists():
             self.names_resolve(True)
 
     def _network(self) -> None:
@@ -146,20 +150,20 @@ class NamespaceSlurm(LocalSlurm):
 
     def on_host(self, node: str) -> List[str]:
         """The argv prefix that runs a command as on host ``node`` without SLURM: in its network namespace, with the
-        node's name as its host name (a UTS namespace of its own) and the tier's ``hosts`` as /etc/hosts."""
+        node's name as its host name (a UTS namespace of its own) and the node's ``hosts`` as /etc/hosts."""
         return ["nsenter", f"--net=/var/run/netns/{node}", "unshare", "--uts", "--mount", "--propagation", "private",
                 "sh", "-c", 'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"', node,
-                str(self.hosts)]
+                str(self.hosts(node))]
 
     def start_slurmd(self, node: str) -> None:
-        """The node's slurmd in its namespace, with the tier's ``hosts`` as its /etc/hosts (a mount namespace of its
+        """The node's slurmd in its namespace, with the node's ``hosts`` as its /etc/hosts (a mount namespace of its
         own, private, so nothing reaches the machine's mounts)."""
         pid_file = self.folder / f"slurmd-{node}.pid"
         pid_file.unlink(missing_ok=True)
         self._daemon(f"slurmd-{node}", [
             "nsenter", f"--net=/var/run/netns/{node}", "unshare", "--mount", "--propagation", "private",
             "sh", "-c", 'mount --bind "$0" /etc/hosts && exec slurmd -N "$1" -f "$2"',
-            str(self.hosts), node, str(self.conf)], pid_file)
+            str(self.hosts(node)), node, str(self.conf)], pid_file)
 
     def start(self, timeout_s: float = 60) -> "NamespaceSlurm":
         try:

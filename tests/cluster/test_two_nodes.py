@@ -20,11 +20,14 @@ from typing import Dict, List, Tuple
 
 import pytest
 import torch
+from torchvision.datasets import FashionMNIST
 
 from benchmarks.launch import TRAIN_PY, clean_env, running_in, start, wait_all
+from datamodules.files import RAW_FILES, raw_folder
 from tests.cluster import recipes
-from tests.cluster.netns_slurm import (BRIDGE, IFNAME, PREFIX, SLURMD_TIMEOUT_S, links, namespace_pids, namespaces,
-                                       net_namespace_inode, node_addr)
+from tests.cluster.netns_slurm import (BRIDGE, IFNAME, PREFIX, SLURMD_TIMEOUT_S, SUBNET, links, namespace_pids,
+                                       namespaces, net_namespace_inode, node_addr)
+from tests.mirror import Mirror, write_archives
 from tests.cluster.recipes import assert_same_weights, final_checkpoint, sbatch_script, torchrun_recipe
 from tests.cluster.test_slurm import job_info, wait_job
 from tests.cluster.test_torchrun import MULTI_NODE
@@ -42,18 +45,17 @@ JOB_TIMEOUT_S = 180
 # A node that dies ends the whole job within SLURM's SlurmdTimeout and its ping interval (a third of it), its
 # KillWait, and the collective timeout (docs/running-on-clusters.md)
 NODE_FAULT_BOUND_S = SLURMD_TIMEOUT_S + SLURMD_TIMEOUT_S / 3 + 30 + COLLECTIVE_TIMEOUT_S
+MIRROR_ADDR = f"{SUBNET}.2"  # the test mirror's own address, on the bridge beside slurmctld's
 
 
 def sbatch(cluster, folder: Path, extra: List[str], flags: Tuple[str, ...] = (), **env: str) -> str:
     """The document's sbatch script with ``--nodes 2 --ntasks-per-node 2``, submitted from ``folder`` (``flags``:
-    sbatch's own, before the script; an ``env`` value None leaves that variable out)."""
+    sbatch's own, before the script; ``env``: variables the job gets besides SLURM_CONF)."""
     folder.mkdir(parents=True, exist_ok=True)
     script = folder / "train.sbatch"
     script.write_text(sbatch_script(extra, nodes=NODES, tasks_per_node=TASKS_PER_NODE))
     result = cluster.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "slurm.out"),
-                         *flags, str(script), env=clean_env({key: value for key, value in
-                                                             {"GLOO_SOCKET_IFNAME": IFNAME, **env}.items()
-                                                             if value is not None}))
+                         *flags, str(script), env=clean_env(env))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
@@ -85,10 +87,11 @@ def snapshot(root: Path) -> Dict[str, Tuple[int, int]]:
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
 
 
-def train(cluster, fashion_root: Path, folder: Path) -> Tuple[Dict[str, str], str, List[Dict]]:
+def train(cluster, data_dir: Path, folder: Path, *extra: str) -> Tuple[Dict[str, str], str, List[Dict]]:
+    """The sbatch script's job of 4 ranks (no GLOO_SOCKET_IFNAME: train.py picks the interface), to its end."""
     record = folder / "record"
     record.mkdir(parents=True)
-    job = sbatch(cluster, folder, [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root)],
+    job = sbatch(cluster, folder, [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(data_dir), *extra],
                  SAMPLE_RECORD_DIR=str(record))
     info = wait_job(cluster, job, timeout_s=JOB_TIMEOUT_S)
     text = output(folder)
@@ -108,7 +111,14 @@ def assert_two_ranks_in_each_nodes_namespace(cluster, ranks: List[Dict]) -> None
                                                                         rank % TASKS_PER_NODE), seen
         assert seen["net_ns"] == inodes[node], f"rank {rank} is not in {node}'s network namespace: {seen}"
         assert (seen["environment"], seen["world_size"]) == ("SLURMEnvironment", WORLD), seen
+        assert seen["gloo_socket_ifname"] == IFNAME, seen  # train.py's choice in each rank: the route to rank 0
     assert len({(seen["main_address"], seen["main_port"]) for seen in ranks}) == 1, ranks
+
+
+def gloo_line(target: str) -> str:
+    """The start block's line: the nodes' host name (this machine's) resolves to 127.0.0.1 in the tier's hosts files."""
+    return f"gloo interface  : {IFNAME} (routes to {target}; GLOO_SOCKET_IFNAME unset, {socket.gethostname()} " \
+           f"resolves to loopback)"
 
 
 @pytest.fixture(scope="module")
@@ -133,12 +143,23 @@ def test_srun_puts_one_task_on_each_node_inside_that_nodes_network_namespace(two
 
 def test_the_sbatch_script_trains_on_two_nodes_and_ends_as_the_same_ranks_on_one_host(two_nodes, fashion_root,
                                                                                       one_host, tmp_path):
+    """Debian's default /etc/hosts on each node: the host name on 127.0.0.1 and the node's own name on 127.0.1.1, so
+    the rendezvous address, the first node's name, is loopback there and the other node's address on the second. No
+    interface is named: each rank picks the one that routes to the rendezvous address, or, on the first node, to the
+    other node of the job. Each rank's record checks its choice: without the first node's, this job still trains,
+    since gloo's pair dials from the larger address and 127.0.0.1 > 10.77.0.12; on a network above 127 (192.168.x)
+    the second node would dial 127.0.0.1 (checked by breaking it once: the record, not the job, failed)."""
     data = snapshot(fashion_root)
-    two_nodes.names_resolve(True)
-    _, text, ranks = train(two_nodes, fashion_root, tmp_path / "job")
+    first, second = two_nodes.nodes
+    two_nodes.names_resolve(True, own_on_loopback=True)
+    try:
+        _, text, ranks = train(two_nodes, fashion_root, tmp_path / "job")
+    finally:
+        two_nodes.names_resolve(True)
     assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
-    assert ranks[0]["main_address"] == two_nodes.nodes[0]  # the node name, resolved on each node by its hosts file
+    assert ranks[0]["main_address"] == first  # the node name, resolved on each node by its hosts file
     assert "rendezvous      :" not in text  # nothing replaced
+    assert gloo_line(f"{second}, a node of this job: {first} resolves to loopback here") in text, text[-4000:]
     assert f"world size      : {WORLD} ({TASKS_PER_NODE} device(s) x {NODES} node(s), cpu" in text, text[-4000:]
     assert [line.split(":")[0] for line in text.splitlines() if line.startswith("Epoch ")] == \
         [f"Epoch {e}" for e in range(1, EPOCHS + 1)]
@@ -157,21 +178,53 @@ def test_node_names_that_do_not_resolve_meet_at_slurms_nodeaddr(two_nodes, fashi
     assert f"rendezvous      : {address}, SLURM's NodeAddr of {first} ({first} does not resolve here)" in text, \
         text[-4000:]
     assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
-    assert ranks[0]["main_address"] == address
+    assert ranks[0]["main_address"] == address and gloo_line(address) in text
     assert_same_weights(one_host, final_checkpoint(tmp_path / "job"), EPOCHS * STEPS_PER_EPOCH)
 
 
-def test_without_gloo_socket_ifname_each_rank_says_which_interface_to_name(two_nodes, fashion_root, tmp_path):
-    """The nodes' host name resolves to 127.0.0.1 (as in many images): without GLOO_SOCKET_IFNAME gloo offers its
-    peers that address and cannot connect. Every rank ends with one line saying what to set (it was a traceback and
-    exit 1), or with the line of a peer task that failed first; no rank is left."""
+def test_both_nodes_download_into_one_shared_folder_at_once_and_train_on_the_same_checked_files(
+        two_nodes, one_host, tmp_path):
+    """Both nodes' local rank 0 find the shared data folder empty and download into it at once, from a mirror on an
+    address of its own (``--data.mirror``; tests/mirror.py holds each file until both nodes' downloads of it have
+    started). Neither replaces the other's files: the folder ends with the tiny data's four files, byte for byte,
+    and nothing else, and the 4 ranks end with the weights of the same ranks on one host."""
+    served, shared = tmp_path / "mirror", tmp_path / "shared-data"
+    served.mkdir()
+    source = raw_folder(str(write_archives(served)))
+    subprocess.run(["ip", "addr", "add", f"{MIRROR_ADDR}/24", "dev", BRIDGE], check=True, timeout=30)
+    try:
+        with Mirror(served, MIRROR_ADDR, together=NODES) as mirror:
+            _, text, ranks = train(two_nodes, shared, tmp_path / "job", "--data.mirror", mirror.url,
+                                   "--trainer.callbacks+=tests.recorder.ServedArchives",
+                                   f"--trainer.callbacks.folder={served}")
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{MIRROR_ADDR}/24", "dev", BRIDGE], timeout=30)
+    assert gloo_line(two_nodes.nodes[0]) in text, text[-4000:]  # the rendezvous address resolves on both nodes
+    for name, _ in FashionMNIST.resources:
+        downloads = [d for d in mirror.downloads if d["file"] == name]
+        assert sorted(d["client"] for d in downloads) == [node_addr(0), node_addr(1)], mirror.downloads
+        assert max(d["start"] for d in downloads) < min(d["end"] for d in downloads), downloads  # at once
+    raw = raw_folder(str(shared))
+    assert {path.name: path.read_bytes() for path in raw.iterdir()} == \
+        {name: (source / name).read_bytes() for name in RAW_FILES}
+    assert [path.name for path in raw.parent.iterdir()] == ["raw"]  # no private download folder left
+    assert_two_ranks_in_each_nodes_namespace(two_nodes, ranks)
+    assert_same_weights(one_host, final_checkpoint(tmp_path / "job"), EPOCHS * STEPS_PER_EPOCH)
+
+
+def test_the_users_gloo_socket_ifname_wins_and_a_wrong_one_ends_each_rank_with_one_line(two_nodes, fashion_root,
+                                                                                        tmp_path):
+    """GLOO_SOCKET_IFNAME=lo, the user's, is kept: gloo offers its peers 127.0.0.1 and cannot connect (as it did
+    without any, before train.py chose the interface). Every rank ends with one line saying what to set (it was a
+    traceback and exit 1), or with the line of a peer task that failed first; no rank is left."""
     folder = tmp_path / "job"
     job = sbatch(two_nodes, folder, [*SEEDED, "--epochs", "1", "--data_dir", str(fashion_root)],
-                 flags=("--no-requeue",), GLOO_SOCKET_IFNAME=None)
+                 flags=("--no-requeue",), GLOO_SOCKET_IFNAME="lo")
     info = wait_job(two_nodes, job, timeout_s=JOB_TIMEOUT_S)
     text = output(folder)
     lines = [line for line in text.splitlines() if line.startswith("train.py:")]
-    assert info["JobState"] == "FAILED" and "Traceback" not in text, f"{info}\n{text[-4000:]}"
+    assert info["JobState"] == "FAILED" and "Traceback" not in text and "gloo interface" not in text, \
+        f"{info}\n{text[-4000:]}"
     assert any(re.fullmatch(r"train\.py: error: rank \d could not connect to the other ranks \(gloo: .*\): across hosts, "
                             r"set GLOO_SOCKET_IFNAME \(for NCCL, NCCL_SOCKET_IFNAME\) to the network interface .*", line)
                for line in lines), text[-4000:]
@@ -249,7 +302,7 @@ def test_torchrun_agents_on_two_hosts_restart_a_killed_worker_and_end_as_the_sam
     for node in two_nodes.nodes:
         env, argv = torchrun_recipe(MULTI_NODE, TASKS_PER_NODE, f"{endpoint[0]}:{endpoint[1]}",
                                     [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root), *kill])
-        env = clean_env({**env, "SAMPLE_RECORD_DIR": str(record), "GLOO_SOCKET_IFNAME": IFNAME})
+        env = clean_env({**env, "SAMPLE_RECORD_DIR": str(record)})  # the host name resolves to the node's address
         commands.append((node, argv, env))
     logs = tmp_path / "logs"
     jobs = []

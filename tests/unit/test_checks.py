@@ -148,3 +148,57 @@ def test_a_rendezvous_name_nobody_can_resolve_is_one_line_naming_it_and_what_to_
     with pytest.raises(LookupError, match=r"^the rendezvous address nowhere.invalid \(MASTER_ADDR\) does not resolve "
                                           r"on this host: set MASTER_ADDR"):
         rendezvous_address(Environment("nowhere.invalid"), {"MASTER_ADDR": "nowhere.invalid"}, scontrol("", 1))
+
+
+def test_gloo_gets_the_interface_the_kernel_routes_to_the_rendezvous_through_unless_the_user_named_one(monkeypatch):
+    """Where the host name resolves to loopback only (Debian's 127.0.1.1) and the rendezvous address does not, gloo
+    would offer its peers 127.0.0.1. The route is the kernel's (here to 127.0.0.1, through ``lo``, standing in for a
+    rendezvous address elsewhere); GLOO_SOCKET_IFNAME given by the user wins; otherwise gloo's own choice stands."""
+    from fashion_mnist_dp.cli import slurm
+
+    monkeypatch.setattr(slurm.socket, "gethostname", lambda: "node7")
+    resolved = {"node7": True, "127.0.0.1": False}  # whether each name resolves to loopback only
+    monkeypatch.setattr(slurm, "_loopback", lambda host: resolved[host])
+    environ = {}
+    assert slurm.gloo_interface("127.0.0.1", environ) == \
+        "  gloo interface  : lo (routes to 127.0.0.1; GLOO_SOCKET_IFNAME unset, node7 resolves to loopback)"
+    assert environ == {"GLOO_SOCKET_IFNAME": "lo"}  # the process group, created later in this process, reads it
+    assert slurm.gloo_interface("127.0.0.1", environ) is None and environ == {"GLOO_SOCKET_IFNAME": "lo"}
+    given = {"GLOO_SOCKET_IFNAME": "ib0"}
+    assert slurm.gloo_interface("127.0.0.1", given) is None and given == {"GLOO_SOCKET_IFNAME": "ib0"}
+    resolved["node7"] = False  # the host name resolves to an address gloo can offer: nothing to do
+    assert slurm.gloo_interface("127.0.0.1", environ := {}) is None and environ == {}
+    resolved.update(node7=True, **{"127.0.0.1": True})  # a rendezvous on loopback: one host, nothing to do
+    assert slurm.gloo_interface("127.0.0.1", environ, run=None) is None and environ == {}
+
+
+def test_on_the_rendezvous_node_whose_own_name_resolves_to_loopback_gloo_gets_the_route_to_another_node(monkeypatch):
+    """Debian's /etc/hosts on the first node of a SLURM job: its own name, the rendezvous address, is 127.0.1.1 there
+    (the other nodes resolve it by DNS). The route is to another node of the job, as ``scontrol show hostnames``
+    lists them (here ``localhost``, through ``lo``, stands in for it); a job on one node keeps gloo's choice."""
+    from fashion_mnist_dp.cli import slurm
+
+    monkeypatch.setattr(slurm.socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(slurm, "_loopback", lambda host: host == "node7")
+    environ = {"SLURM_JOB_ID": "3", "SLURM_NODELIST": "node[7-8]"}
+    asked = []
+
+    def hostnames(argv, **kwargs):
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="node7\nlocalhost\n", stderr="")
+
+    assert slurm.gloo_interface("node7", environ, hostnames) == (
+        "  gloo interface  : lo (routes to localhost, a node of this job: node7 resolves to loopback here; "
+        "GLOO_SOCKET_IFNAME unset, node7 resolves to loopback)")
+    assert environ["GLOO_SOCKET_IFNAME"] == "lo" and asked == [["scontrol", "show", "hostnames", "node[7-8]"]]
+    one_node = {"SLURM_JOB_ID": "3", "SLURM_NODELIST": "node7"}
+    assert slurm.gloo_interface("node7", one_node, scontrol("node7\n")) is None and "GLOO_SOCKET_IFNAME" not in one_node
+
+
+def test_which_names_resolve_to_loopback_and_which_interface_routes_to_an_address():
+    from fashion_mnist_dp.cli.slurm import _loopback, route_interface
+
+    assert [_loopback(name) for name in ("localhost", "127.0.1.1", "::1", "nowhere.invalid")] == [True] * 4
+    assert [_loopback(name) for name in ("10.0.0.1", "192.0.2.1")] == [False] * 2
+    assert route_interface("127.0.0.1") == route_interface("127.0.0.9") == "lo"
+    assert route_interface("::1") is None  # IPv6: not looked up

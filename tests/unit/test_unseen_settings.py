@@ -62,7 +62,30 @@ def test_the_hidden_output_line_counts_the_live_warning_filters():
         assert lines()["hidden output"].startswith("0 warning filter(s)")
         for pattern in HIDDEN_WARNINGS:
             warnings.filterwarnings("ignore", message=pattern)
-        assert lines()["hidden output"].startswith("2 warning filter(s)")
+        assert lines()["hidden output"].startswith("3 warning filter(s)")
+
+
+def test_lightnings_srun_hint_is_kept_out_of_a_run_outside_srun_where_srun_is_installed(tmp_path, monkeypatch):
+    """Lightning warns on every Trainer outside srun when ``srun`` is on PATH (as on every machine after make test);
+    train.py's filter keeps it out and the hidden-output line says so, only where it would have been printed."""
+    (tmp_path / "srun").write_text("#!/bin/sh\nexit 1\n")  # never run: Lightning only looks for it on PATH
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    for name in ("SLURM_NTASKS", "SLURM_JOB_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()
+        warnings.simplefilter("always")
+        lines()
+        assert any("`srun` command is available" in str(w.message) for w in caught)  # Lightning's, unfiltered
+        caught.clear()
+        for pattern in HIDDEN_WARNINGS:
+            warnings.filterwarnings("ignore", message=pattern)
+        hidden = lines()["hidden output"]
+        assert not any("srun" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        assert "(its srun hint kept out: srun is on PATH, this run is not under it)" in hidden
+        monkeypatch.setenv("PATH", "/nonexistent")
+        assert "srun" not in lines()["hidden output"]  # no srun: nothing was kept out
 
 
 def test_the_breakdown_line_says_what_its_config_key_resolves_to_here():
