@@ -30,7 +30,8 @@ def _handler_name(handler) -> str:
 
 
 def unseen_settings(trainer: Trainer) -> List[str]:
-    """Start-block lines for what a run does that no config key shows, each read from the live object (docs/cli.md)."""
+    """Start-block lines for what a run does that no config key shows, each read from the live object (docs/cli.md);
+    ends the run in one line where a guarantee's private access does not fit this Lightning (compat.check_supported)."""
     strategy = trainer.strategy
     lines = [f"  strategy class  : {type(strategy).__module__}.{type(strategy).__qualname__}"]
     timeout = compat.collective_timeout(strategy)
@@ -51,4 +52,4 @@ def unseen_settings(trainer: Trainer) -> List[str]:
         hook = "; wraps DDP's comm hook (yours too) to time its all-reduce" if on and isinstance(
             strategy, DDPStrategy) else ""
         lines.append(f"  breakdown       : {'on' if on else 'off'} on {strategy.root_device.type} ranks{hook}")
-    return lines
+    return lines + compat.check_supported(trainer)
