@@ -119,6 +119,9 @@ def check_config(config) -> None:
         raise ConfigError(f"--optimizer {SHORT_NAME.get(optimizer, optimizer)} keeps a plain tensor beside fsdp's "
                           f"sharded parameters, which torch refuses; use --strategy ddp with it, or "
                           f"lamb/lars/sgd/adamw with fsdp")
+    if is_fsdp(trainer.strategy) and accelerator == "cpu" and not hasattr(torch.cpu.Stream, "record_event"):
+        raise ConfigError(f"--strategy fsdp on CPU needs torch >= 2.7 (its CPU streams), this is torch "
+                          f"{torch.__version__}: use --strategy ddp on CPU, or fsdp on GPUs")
     accumulate = trainer.accumulate_grad_batches  # 0 divides by zero, < 0 trains a negative batch
     if accumulate is not None and (type(accumulate) is not int or accumulate < 1):
         raise ConfigError(f"trainer.accumulate_grad_batches is {accumulate!r}: give a whole number >= 1 (1: every "
