@@ -23,7 +23,7 @@ from packaging.version import Version
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.tensorboard import SummaryWriter
 
-SUPPORTED = "Lightning 2.3.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
+SUPPORTED = "Lightning 2.5.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
 DISPATCH, BATCH_HOOKS = "LeanDispatch's hook calls", "LeanDispatch's batch-hook owners asked once"
 _UNUSED = object()  # an owner this run does not reach, or an attribute that is not there
 

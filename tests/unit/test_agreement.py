@@ -185,10 +185,10 @@ def test_accuracy_at_chance_is_not_judged_when_the_epochs_are_cut_short(fashion_
     """lr 1e-9 learns nothing (seed 2: an initial network at 0.05): a full epoch is judged (exit 70), one cut to
     2 batches (a smoke test) is not."""
     with runtime.guarded_process():
-        seed_everything(2)
+        seed_everything(2, verbose=False)
         with pytest.raises(TrainingDiverged, match="at chance"):
             tiny_fit(fashion_root, tmp_path / "full", safety=50, lr=1e-9, num_sanity_val_steps=0)
-        seed_everything(2)
+        seed_everything(2, verbose=False)
         trainer = tiny_fit(fashion_root, tmp_path / "smoke", safety=50, lr=1e-9, num_sanity_val_steps=0,
                            limit_train_batches=2)
     assert trainer.global_step == 2 and trainer.callback_metrics["val/acc"] <= 0.11

@@ -28,7 +28,7 @@ SOURCE = [p for folder in ("fashion_mnist_dp", "callbacks", "datamodules", "ligh
           for p in (REPO / folder).rglob("*.py")] + [REPO / "train.py"]
 # Hooks of Lightning's strategy classes that fashion_mnist_dp/strategies/ overrides, and may call on super().
 OVERRIDDEN_HOOKS = {"_configure_launcher"}
-CHECKED_AGAINST = "2.3.0 and 2.6.6"  # CI's two legs: requirements/oldest.txt and the newest
+CHECKED_AGAINST = "2.5.0 and 2.6.6"  # CI's two legs: requirements/oldest.txt and the newest
 TINY = ["--network", "mlp", "--epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
         "--test_after_fit", "false"]
 
