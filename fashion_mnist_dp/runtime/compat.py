@@ -20,7 +20,6 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from packaging.version import Version
-from torch.distributed.fsdp import FSDPModule
 from torch.utils.tensorboard import SummaryWriter
 
 SUPPORTED = "Lightning 2.5.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
@@ -72,8 +71,6 @@ def _accesses(trainer: Trainer) -> list:
          "_timeout", None),
         (False, "the breakdown's timed DDP all-reduce", only(isinstance(strategy, DDPStrategy), strategy),
          "_ddp_comm_hook", None),
-        (False, "the breakdown's timed fsdp collectives", only(fsdp and timed_fsdp, FSDPModule),
-         "set_custom_all_gather", None),
         (False, "the breakdown's timed fsdp collectives", only(fsdp and timed_fsdp, fsdp_state()),
          "_fsdp_param_groups", None),
     ]
@@ -219,14 +216,12 @@ def ddp_comm_hook(strategy) -> tuple:
 
 def set_ddp_comm_hook(strategy, hook, state=None) -> None:
     """Give the strategy a DDP communication hook, as ``DDPStrategy(ddp_comm_hook=...)`` does."""
-    if hasattr(strategy, "_ddp_comm_hook"):  # else not timed (``check_supported``)
-        strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state
+    strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state  # unread if renamed: ``check_supported`` says so
 
 
 def fsdp_collectives(module) -> tuple:
     """An FSDP2 module's all-gather and reduce-scatter (no getter), with one parameter group; else (None, None)."""
-    custom = hasattr(module, "set_custom_all_gather")  # torch >= 2.9; else not timed (``check_supported``)
-    groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", ()) if custom else ()
+    groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", ())  # not in torch 2.7: ``check_supported``
     return (groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm) if len(groups) == 1 else (None, None)
 
 
