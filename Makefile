@@ -27,7 +27,7 @@ $(STAMP): setup.cfg pyproject.toml
 train: $(STAMP)  ## set up, then train configs/default.yaml (ARGS="..." adds flags)
 	$(BIN)/python train.py $(ARGS)
 
-test: $(STAMP)  ## set up, then run the whole test suite (CPU; the cluster tier may apt-get SLURM): the CI command
+test: $(STAMP)  ## set up, then run the whole test suite (CPU; the cluster tier may apt-get SLURM): CI's newest leg
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not alone" $(PYTEST_ARGS)
 	@# the timing proofs (tests/test_step_time.py) one at a time, with no other test on the cores (5: none selected)
 	$(BIN)/python -m pytest -m alone $(PYTEST_ARGS) || [ $$? -eq 5 ]
