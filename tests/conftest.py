@@ -6,10 +6,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from benchmarks import launch
 from benchmarks.launch import REPO, TRAIN_PY  # noqa: F401 (tests import them from here)
 from tests.idx_files import write_fashion_mnist
+
+# fsdp on CPU needs torch >= 2.7 (its CPU streams): below, train.py refuses it in one line (tests/unit/test_compat.py)
+FSDP_ON_CPU = pytest.mark.skipif(not hasattr(torch.cpu.Stream, "record_event"),
+                                 reason="fsdp on CPU needs torch >= 2.7; this torch gets one line instead")
 
 
 def _process_count(argv) -> int:

@@ -24,6 +24,7 @@ def ddp_run(tmp_path_factory, fashion_root):
     return cwd, result, ranks
 
 
+@pytest.mark.oldest
 def test_each_epoch_ranks_train_on_disjoint_shards_that_cover_the_split(ddp_run):
     _, _, ranks = ddp_run
     assert [r["world_size"] for r in ranks] == [2, 2]
@@ -35,6 +36,7 @@ def test_each_epoch_ranks_train_on_disjoint_shards_that_cover_the_split(ddp_run)
     assert ranks[0]["train"]["0"] != ranks[0]["train"]["1"]  # reshuffled every epoch
 
 
+@pytest.mark.oldest
 def test_validation_counts_every_test_image_exactly_once(ddp_run):
     _, _, ranks = ddp_run
     for epoch in ("0", "1"):
@@ -42,6 +44,7 @@ def test_validation_counts_every_test_image_exactly_once(ddp_run):
         assert sorted(seen) == list(range(101))  # 101 images: no padded duplicate
 
 
+@pytest.mark.oldest
 def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
     cwd, result, _ = ddp_run
     lines = epoch_lines(result.stdout)
@@ -55,6 +58,7 @@ def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
     assert (experiment_dir(cwd) / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.oldest
 def test_a_ddp_run_prints_no_deprecation_warning_from_our_calls(ddp_run):
     """torch 2.14 deprecates all_gather_into_tensor: fashion_mnist_dp/runtime/agreement.py's gather printed a FutureWarning twice
     per rank before it used all_gather_single."""

@@ -164,6 +164,7 @@ def test_two_ddp_ranks_stopped_mid_epoch_resume_exactly_where_they_stopped(tmp_p
         assert all(torch.equal(a[key], b[key]) for key in a), f"rank {rank}"
 
 
+@pytest.mark.oldest
 def test_a_sigterm_between_two_optimizer_steps_stops_after_the_next_step_and_resumes_exactly(tmp_path, fashion_root):
     """accumulate_grad_batches 2: 8 batches make 4 optimizer steps. SIGTERM just before batch 3 (the first half of
     step 2): the job stops only after batch 4 (step 2 done), so no accumulated gradient is lost, and the resumed run

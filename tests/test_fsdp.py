@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from benchmarks.launch import REPO, free_port
-from tests.conftest import run_train, experiment_dir
+from tests.conftest import FSDP_ON_CPU, run_train, experiment_dir
 from tests.test_equivalence import DDP2, MOMENTUM
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, FSDP_ON_CPU]
 
 FSDP2 = ("--strategy", "fsdp", "--devices", "2", "--batch_size", "16", *MOMENTUM)
 MLP_PARAMETERS = 784 * 256 + 256 + 256 * 10 + 10

@@ -3,7 +3,9 @@ Not in the strategy_runs group of tests/conftest.py (its runs are its own), so a
 
 import pytest
 
-pytestmark = pytest.mark.multiprocess
+from tests.conftest import FSDP_ON_CPU
+
+pytestmark = [pytest.mark.multiprocess, FSDP_ON_CPU]
 
 
 @pytest.mark.parametrize("optimizer, lr", [("lamb", "0.01"), ("lars", "0.05")])

@@ -102,6 +102,7 @@ def assert_stopped_by_sigterm(job, tmp_path, took: float) -> dict:
     return assert_verified_last(tmp_path, lines[0])
 
 
+@pytest.mark.oldest
 def test_sigterm_to_the_launcher_stops_both_ranks_with_143_and_a_verified_last_ckpt_then_resume(tmp_path,
                                                                                                   fashion_root):
     job = start_launcher(tmp_path, fashion_root)

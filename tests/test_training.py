@@ -48,6 +48,7 @@ def first_run(tmp_path_factory, fashion_root):
     return cwd, result
 
 
+@pytest.mark.oldest
 def test_prints_one_workshop_line_per_epoch(first_run):
     _, result = first_run
     lines = epoch_lines(result.stdout)
@@ -68,6 +69,7 @@ def test_training_time_excludes_validation(first_run):
     assert found["time/cumulative_s"][-1][1] == pytest.approx(sum(v for _, v in found["time/epoch_s"]), rel=1e-5)
 
 
+@pytest.mark.oldest
 def test_start_block_shows_effective_batch_and_scaled_lr(first_run):
     _, result = first_run
     log = result.stdout + result.stderr
@@ -76,6 +78,7 @@ def test_start_block_shows_effective_batch_and_scaled_lr(first_run):
     assert "warm-up         : 2 optimizer steps (4 per epoch), then constant" in log
 
 
+@pytest.mark.oldest
 def test_writes_best_and_last_checkpoints(first_run):
     cwd, _ = first_run
     checkpoints = experiment_dir(cwd) / "checkpoints"
@@ -84,6 +87,7 @@ def test_writes_best_and_last_checkpoints(first_run):
     assert any(re.fullmatch(r"best-epoch0[01]-acc\d\.\d{4}\.ckpt", n) for n in names), names
 
 
+@pytest.mark.oldest
 def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
     cwd, _ = first_run
     run_dir = experiment_dir(cwd) / "version_0"
@@ -98,6 +102,7 @@ def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
     assert (run_dir / "config.yaml").is_file() and "effective_batch_size: 64" in (run_dir / "hparams.yaml").read_text()
 
 
+@pytest.mark.oldest
 def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorboard(first_run):
     cwd, result = first_run
     images, found = {}, scalars(experiment_dir(cwd) / "version_0")
@@ -112,6 +117,7 @@ def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorbo
     assert all(0 <= values[0][1] <= 1 for values in per_class.values())
 
 
+@pytest.mark.oldest
 def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
     cwd, _ = first_run
     (events,) = [p for p in (experiment_dir(cwd) / "version_0").glob("events.*")
@@ -123,6 +129,7 @@ def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
         assert fact in content
 
 
+@pytest.mark.oldest
 def test_resume_from_last_continues_at_the_next_epoch(first_run, fashion_root):
     cwd, _ = first_run
     result = run_train(["--data_dir", str(fashion_root), "--epochs", "3", "--batch_size", "32",

@@ -128,6 +128,9 @@ def check_config(config) -> None:
         raise ConfigError(f"--optimizer {SHORT_NAME.get(optimizer, optimizer)} keeps a plain tensor beside fsdp's "
                           f"sharded parameters, which torch refuses; use --strategy ddp with it, or "
                           f"lamb/lars/sgd/adamw with fsdp")
+    if is_fsdp(trainer.strategy) and accelerator == "cpu" and not hasattr(torch.cpu.Stream, "record_event"):
+        raise ConfigError(f"--strategy fsdp on CPU needs torch >= 2.7 (its CPU streams), this is torch "
+                          f"{torch.__version__}: use --strategy ddp on CPU, or fsdp on GPUs")
     for key, least, advice in WHOLE_NUMBERS:
         value = trainer[key]
         if value is not None and (type(value) is not int or value < least):

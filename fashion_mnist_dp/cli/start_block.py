@@ -56,7 +56,8 @@ def _handler_name(handler) -> str:
 
 
 def unseen_settings(trainer: Trainer) -> List[str]:
-    """Start-block lines for what a run does that no config key shows, each read from the live object (docs/cli.md)."""
+    """Start-block lines for what a run does that no config key shows, each read from the live object (docs/cli.md);
+    ends the run in one line where a guarantee's private access does not fit this Lightning (compat.check_supported)."""
     strategy = trainer.strategy
     lines = [f"  strategy class  : {type(strategy).__module__}.{type(strategy).__qualname__}"]
     timeout = compat.collective_timeout(strategy)
@@ -68,7 +69,7 @@ def unseen_settings(trainer: Trainer) -> List[str]:
     lightning = "off" if any(isinstance(c, runtime.Preemption) for c in trainer.callbacks) else "on"
     lines.append("  signals         : " + "; ".join(f"{', '.join(names)} -> {name}" for name, names in handlers.items())
                  + f"; Lightning's own handlers {lightning}")
-    lean = any(isinstance(c, LeanDispatch) for c in trainer.callbacks)
+    lean = any(isinstance(c, LeanDispatch) for c in trainer.callbacks) and compat.DISPATCH not in compat.unfit(trainer)
     lines.append("  callback hooks  : " + (LEAN if lean else "Lightning's own dispatch"))
     hidden = [f[1].pattern for f in warnings.filters if f[0] == "ignore" and f[1] and f[1].pattern in HIDDEN_WARNINGS]
     srun = SRUN_HINT in hidden and shutil.which("srun") and not SLURMEnvironment.detect()
@@ -81,4 +82,4 @@ def unseen_settings(trainer: Trainer) -> List[str]:
         hook = "; wraps DDP's comm hook (yours too) to time its all-reduce" if on and isinstance(
             strategy, DDPStrategy) else ""
         lines.append(f"  breakdown       : {'on' if on else 'off'} on {strategy.root_device.type} ranks{hook}")
-    return lines
+    return lines + compat.check_supported(trainer)

@@ -1,22 +1,110 @@
-"""Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters, or of torch's FSDP2
-modules), and nothing else; tests/unit/test_compat.py checks each against Lightning 2.6.6 (docs/reliability.md)."""
+"""Every access to a private attribute of Lightning (or of LightningCLI's saved hyperparameters, jsonargparse's parser,
+or torch's FSDP2 and SummaryWriter), and nothing else. Each is checked where it runs (``check_supported``): a mismatch
+ends a run whose guarantee depends on it in one line, or turns off the optimisation it serves, and the start block
+says so (docs/reliability.md); tests/unit/test_compat.py checks them against the installed versions."""
 
+import importlib
+import inspect
 from datetime import timedelta
 from typing import Any, Dict, List, Optional, Union
 from weakref import WeakKeyDictionary
 
-from lightning.pytorch import Callback, Trainer
+import jsonargparse
+import lightning
+import torch
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, EarlyStopping, ModelCheckpoint, OnExceptionCheckpoint
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
+from packaging.version import Version
+from torch.utils.tensorboard import SummaryWriter
+
+SUPPORTED = "Lightning 2.5.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
+DISPATCH, BATCH_HOOKS = "LeanDispatch's hook calls", "LeanDispatch's batch-hook owners asked once"
+_UNUSED = object()  # an owner this run does not reach, or an attribute that is not there
+
+
+def _reach(owner: Any, name: str) -> Any:
+    """``owner.name`` (``owner``: an object, or a module's dotted name), else a stand-in with no attribute."""
+    try:
+        return getattr(importlib.import_module(owner) if isinstance(owner, str) else owner, name)
+    except (ImportError, AttributeError):
+        return type(f"{owner if isinstance(owner, str) else type(owner).__name__}.{name}", (), {})
+
+
+def _takes(*names: str):
+    """A shape: a function whose parameters are ``names``."""
+    return lambda value: callable(value) and tuple(inspect.signature(value).parameters) == names
+
+
+def _accesses(trainer: Trainer) -> list:
+    """(whether a guarantee depends on it, what it serves, owner, attribute, shape) of each access this run makes."""
+    strategy, loop, launcher = trainer.strategy, trainer.fit_loop, trainer.strategy.launcher
+    only = lambda used, owner: owner if used else _UNUSED  # noqa: E731
+    fsdp, timed_fsdp = isinstance(strategy, ModelParallelStrategy), "cpu" == strategy.root_device.type  # CUDA: untimed
+    hooks = _reach("lightning.pytorch.trainer.connectors.data_connector", "_DataHookSelector")
+    fsdp_state = _reach("torch.distributed.fsdp._fully_shard._fsdp_state", "FSDPState")
+    return [
+        (True, "Preemption's signal handling (runtime/signals.py)", _reach(trainer, "_signal_connector"),
+         "register_signal_handlers", _takes()),
+        (True, "a stop between accumulated batches", loop.epoch_loop, "_should_accumulate", _takes()),
+        (True, "exact resume", loop, "_data_fetcher", None),
+        (True, "the user's flags over a checkpoint's settings", LightningCLI, "_parse_ckpt_path", _takes("self")),
+        (True, "a failed rank's exit code", only(launcher is not None, launcher), "procs",
+         lambda procs: isinstance(procs, list)),
+        (True, "fsdp's mesh of every rank", only(fsdp, strategy), "_data_parallel_size", None),
+        (True, "fsdp's mesh of every rank", only(fsdp, strategy), "_tensor_parallel_size", None),
+        (True, "TensorBoard's hparams", only(any(isinstance(x, TensorBoardLogger) for x in trainer.loggers),
+                                             SummaryWriter), "_get_file_writer", _takes("self")),
+        (False, DISPATCH, call, "_call_callback_hooks",
+         _takes("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs")),
+        (False, DISPATCH, LightningModule(), "_current_fx_name", None),
+        (False, BATCH_HOOKS, _reach(trainer, "_data_connector"), "_datahook_selector", None),
+        (False, BATCH_HOOKS, hooks, "_valid_hooks", None),
+        (False, BATCH_HOOKS, hooks, "get_instance", _takes("self", "hook_name")),
+        (False, "Lightning's per-step SIGTERM broadcast off", only(  # added in 2.5.2
+            Version(lightning.__version__) >= Version("2.5.2"), loop.epoch_loop), "_broadcast_sigterm_tensor",
+         _takes()),
+        (False, "the start block's collective wait", only(hasattr(strategy, "process_group_backend"), strategy),
+         "_timeout", None),
+        (False, "the breakdown's timed DDP all-reduce", only(isinstance(strategy, DDPStrategy), strategy),
+         "_ddp_comm_hook", None),
+        (False, "the breakdown's timed fsdp collectives", only(fsdp and timed_fsdp, fsdp_state()),
+         "_fsdp_param_groups", None),
+    ]
+
+
+def unfit(trainer: Trainer) -> Dict[str, tuple]:
+    """What each access this Lightning and torch do not fit serves: (a guarantee depends on it, ``Owner.attribute``)."""
+    found = {}
+    for guarantee, serves, owner, name, shape in _accesses(trainer):
+        value = getattr(owner, name, _UNUSED) if owner is not _UNUSED else None
+        if value is _UNUSED or (shape is not None and value is not None and not shape(value)):
+            found.setdefault(serves, (guarantee, f"{getattr(owner, '__name__', type(owner).__name__)}.{name}"))
+    return found
+
+
+def check_supported(trainer: Trainer) -> List[str]:
+    """One line (a ``MisconfigurationException``: exit 2) where a guarantee's access does not fit; else the start
+    block's line for each optimisation turned off."""
+    lines, versions = [], f"Lightning {lightning.__version__} with torch {torch.__version__}"
+    for serves, (guarantee, attribute) in unfit(trainer).items():
+        if guarantee:
+            raise MisconfigurationException(f"{serves} relies on {attribute}, which {versions} lacks or changed: "
+                                            f"install {SUPPORTED} (setup.cfg)")
+        lines.append(f"  turned off      : {serves} ({versions} lacks or changed {attribute})")
+    return lines
 
 
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's signal handlers and its per-batch SIGTERM broadcast off: runtime/signals.py replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
-    trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+    if callable(getattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor", None)):  # Lightning >= 2.5.2
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
 
 
 def batch_limits_count_first(parser) -> None:
@@ -24,13 +112,19 @@ def batch_limits_count_first(parser) -> None:
     limits = {f"trainer.limit_{stage}_batches" for stage in ("train", "val", "test", "predict")}
     for action in parser._actions:
         if action.dest in limits:
+            if not hasattr(action, "_typehint"):
+                raise MisconfigurationException(f"--{action.dest} as a count relies on jsonargparse's "
+                                                f"ActionTypeHint._typehint, which jsonargparse "
+                                                f"{jsonargparse.__version__} lacks: install 4.51.0 to 4.53.0")
             action._typehint = Union[int, float, None]
 
 
 def ask_batch_hook_owners_once(trainer: Trainer) -> None:
     """Which object (datamodule or model) runs each batch-transfer hook, decided now: Lightning asks again at each of
     a batch's three hooks (six ``is_overridden`` calls a step: host time, docs/benchmarks.md). Its warnings come out
-    here."""
+    here. Not where this Lightning's selector differs (``check_supported``)."""
+    if BATCH_HOOKS in unfit(trainer):
+        return
     selector = trainer._data_connector._datahook_selector
     if selector is not None:
         owners = {hook: selector.get_instance(hook) for hook in selector._valid_hooks}
@@ -44,12 +138,13 @@ _PLANS: "WeakKeyDictionary[Trainer, dict]" = WeakKeyDictionary()  # trainer -> {
 def call_only_overridden_hooks(trainer: Trainer, on: bool = True) -> None:
     """Lightning's dispatch of ``trainer``'s callback hooks without the callbacks that leave a hook as
     ``Callback``'s no-op: each costs a profiler context and a state key per hook, ~150 µs a step for 20 callbacks
-    (docs/benchmarks.md). The others run as Lightning runs them: in order, under the same profiler label."""
-    call._call_callback_hooks = _call_overridden_hooks
-    if on:
-        _PLANS[trainer] = {}
-    else:
+    (docs/benchmarks.md). The others run as Lightning runs them: in order, under the same profiler label. Lightning's
+    own dispatch where its differs (``check_supported``)."""
+    if not on:
         _PLANS.pop(trainer, None)
+    elif DISPATCH not in unfit(trainer):
+        call._call_callback_hooks = _call_overridden_hooks
+        _PLANS[trainer] = {}
 
 
 def _call_overridden_hooks(trainer: Trainer, hook_name: str, *args: Any, monitoring_callbacks: Optional[bool] = None,
@@ -97,7 +192,8 @@ def no_checkpoint_on_exception(trainer: Trainer) -> None:
 def saves_on_train_steps(checkpoint) -> bool:
     """Whether a ModelCheckpoint may save after a training batch (``every_n_train_steps`` or
     ``train_time_interval``); if not, its ``on_train_batch_end`` only finds that it has nothing to do."""
-    return checkpoint._every_n_train_steps >= 1 or checkpoint._train_time_interval is not None
+    steps = getattr(checkpoint, "_every_n_train_steps", None)  # not there: Lightning's hook decides
+    return not isinstance(steps, int) or steps >= 1 or getattr(checkpoint, "_train_time_interval", _UNUSED) is not None
 
 
 def collective_timeout(strategy) -> Optional[timedelta]:
@@ -131,12 +227,12 @@ def ddp_comm_hook(strategy) -> tuple:
 
 def set_ddp_comm_hook(strategy, hook, state=None) -> None:
     """Give the strategy a DDP communication hook, as ``DDPStrategy(ddp_comm_hook=...)`` does."""
-    strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state
+    strategy._ddp_comm_hook, strategy._ddp_comm_state = hook, state  # unread if renamed: ``check_supported`` says so
 
 
 def fsdp_collectives(module) -> tuple:
     """An FSDP2 module's all-gather and reduce-scatter (no getter), with one parameter group; else (None, None)."""
-    groups = module._get_fsdp_state()._fsdp_param_groups
+    groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", ())  # not in torch 2.7: ``check_supported``
     return (groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm) if len(groups) == 1 else (None, None)
 
 

@@ -77,6 +77,7 @@ def clean_job(slurm, fashion_root, tmp_path_factory):
     return folder, wait_job(slurm, job)
 
 
+@pytest.mark.oldest
 def test_the_sbatch_script_trains_on_cpu_as_written(clean_job):
     folder, info = clean_job
     output = (folder / "slurm.out").read_text()
@@ -87,6 +88,7 @@ def test_the_sbatch_script_trains_on_cpu_as_written(clean_job):
     assert final_checkpoint(folder)["global_step"] == EPOCHS * STEPS_PER_EPOCH
 
 
+@pytest.mark.oldest
 def test_sigusr1_saves_requeues_and_the_requeued_job_resumes_to_the_same_weights(slurm, clean_job, fashion_root,
                                                                                   tmp_path):
     folder = tmp_path / "job"

@@ -1,13 +1,27 @@
-"""Every private Lightning attribute we rely on is in fashion_mnist_dp/runtime/compat.py, and is still there in the installed Lightning."""
+"""Every private Lightning attribute we rely on is in fashion_mnist_dp/runtime/compat.py, and is still there in the
+installed Lightning; compat's check at start-up turns an optimisation off, or ends a run whose guarantee depends on a
+changed attribute, in one line (docs/reliability.md, "Supported versions")."""
 
 import ast
+import configparser
+import logging
+import re
 from pathlib import Path
 from types import ModuleType
 
 import lightning
 import pytest
+import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer import call
+from lightning.pytorch.trainer.connectors.data_connector import _DataHookSelector
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
+from packaging.version import Version
+
+from fashion_mnist_dp.cli import app
+from fashion_mnist_dp.cli.start_block import unseen_settings
+from fashion_mnist_dp.runtime import compat
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = [p for folder in ("fashion_mnist_dp", "callbacks", "datamodules", "lightning_modules")
@@ -15,7 +29,9 @@ SOURCE = [p for folder in ("fashion_mnist_dp", "callbacks", "datamodules", "ligh
 # What fashion_mnist_dp/strategies/ overrides or sets on its own subclasses of Lightning's strategies: a hook it may
 # call on super(), and fsdp's mesh sizes (one data-parallel dimension of every rank).
 OVERRIDDEN_HOOKS = {"_configure_launcher", "_data_parallel_size", "_tensor_parallel_size"}
-CHECKED_AGAINST = "2.6.6"
+CHECKED_AGAINST = "2.5.0 and 2.6.6"  # CI's two legs: requirements/oldest.txt and the newest
+TINY = ["--network", "mlp", "--epochs", "1", "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1",
+        "--test_after_fit", "false"]
 
 
 def required() -> list:
@@ -58,7 +74,8 @@ def missing(pairs) -> list:
 
 
 def test_every_private_attribute_relied_on_is_still_there():
-    gone = missing(required())
+    added = {"_broadcast_sigterm_tensor"} if Version(lightning.__version__) < Version("2.5.2") else set()  # in 2.5.2
+    gone = missing([(owner, name) for owner, name in required() if name not in added])
     assert gone == [], (f"Lightning {lightning.__version__} no longer has {', '.join(gone)} (fashion_mnist_dp/runtime/"
                         f"compat.py was checked against {CHECKED_AGAINST}): adapt fashion_mnist_dp/runtime/compat.py")
 
@@ -130,3 +147,88 @@ def test_each_batch_hook_still_runs_once_a_batch_from_its_owner_when_the_owners_
                       accelerator="cpu", devices=1)
     trainer.fit(Model(), datamodule=Data())
     assert ran == ["model: before", "data: after"] * 3
+
+
+def trainer_of(strategy: str = "auto", devices: int = 1) -> Trainer:
+    from fashion_mnist_dp.strategies import register_strategies
+
+    register_strategies()
+    return Trainer(accelerator="cpu", devices=devices, strategy=strategy, enable_progress_bar=False,
+                   enable_model_summary=False, enable_checkpointing=False)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "ddp", "fsdp_cpu"])
+def test_the_installed_lightning_and_torch_fit_every_access_the_start_up_check_makes(strategy):
+    """Nothing turned off on CI's legs; on a torch whose FSDP2 keeps one parameter group (2.7), the timed collectives."""
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    allowed = set() if hasattr(FSDPState(), "_fsdp_param_groups") else {"the breakdown's timed fsdp collectives"}
+    assert set(compat.unfit(trainer_of(strategy, devices=1 if strategy == "auto" else 2))) <= allowed
+
+
+def test_a_changed_private_function_turns_its_optimisation_off_and_the_start_block_says_so(monkeypatch, capsys,
+                                                                                           caplog, workdir,
+                                                                                           fashion_root):
+    """Lightning's callback dispatch with another signature: LeanDispatch leaves it in place, and the run trains."""
+    lightnings, hooks = call._call_callback_hooks, []
+
+    def changed(trainer, hook_name, *args, monitoring_callbacks=None, new_argument=None, **kwargs):
+        hooks.append(hook_name)
+        lightnings(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
+
+    monkeypatch.setattr(call, "_call_callback_hooks", changed)
+    with caplog.at_level(logging.INFO):
+        assert app.main(["--data_dir", str(fashion_root), *TINY]) == 0
+    output = capsys.readouterr().out + caplog.text
+    off = [line.strip() for line in output.splitlines() if "turned off" in line]
+    assert off == [f"turned off      : {compat.DISPATCH} (Lightning {lightning.__version__} with torch "
+                   f"{torch.__version__} lacks or changed lightning.pytorch.trainer.call._call_callback_hooks)"]
+    assert call._call_callback_hooks is changed and hooks.count("on_train_batch_end") == 2  # Lightning's dispatch ran
+
+
+def test_a_changed_batch_hook_selector_leaves_lightning_asking_at_every_batch(monkeypatch):
+    monkeypatch.setattr(_DataHookSelector, "get_instance", lambda self, hook_name, new_argument=None: None)
+    trainer = trainer_of()
+    trainer._data_connector._datahook_selector = selector = _DataHookSelector(None, None)
+    compat.ask_batch_hook_owners_once(trainer)
+    assert "get_instance" not in vars(selector)  # not replaced by the owners' table
+    assert f"{compat.BATCH_HOOKS} (Lightning" in unseen_settings(trainer)[-1]
+
+
+def test_a_missing_attribute_a_guarantee_relies_on_ends_in_one_line_before_training(monkeypatch, capsys, workdir,
+                                                                                    fashion_root):
+    monkeypatch.delattr(_SignalConnector, "register_signal_handlers")
+    assert app.main(["--data_dir", str(fashion_root), *TINY]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"train.py: error: Preemption's signal handling (runtime/signals.py) relies on "
+                     f"_SignalConnector.register_signal_handlers, which Lightning {lightning.__version__} with torch "
+                     f"{torch.__version__} lacks or changed: install {compat.SUPPORTED} (setup.cfg) "
+                     f"(see python train.py --help)"]
+    assert not (workdir / "runs").exists()
+
+
+def test_fsdp_on_a_cpu_torch_cannot_run_it_on_ends_in_one_line_naming_the_version_and_ddp(monkeypatch, capsys, workdir,
+                                                                                          fashion_root):
+    monkeypatch.delattr(torch.cpu.Stream, "record_event", raising=False)  # as torch 2.6's CPU streams
+    assert app.main(["--data_dir", str(fashion_root), *TINY, "--strategy", "fsdp", "--accelerator", "cpu",
+                     "--devices", "2"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "--strategy fsdp on CPU needs torch >= 2.7" in lines[0]
+    assert "use --strategy ddp on CPU" in lines[0] and not (workdir / "runs").exists()
+
+
+def floors() -> dict:
+    """setup.cfg's install_requires: package -> its lowest version."""
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    found = [re.match(r"([\w-]+)(\[[\w,]+\])?>=([\d.]+)", line.strip())
+             for line in setup["options"]["install_requires"].strip().splitlines()]
+    return {match.group(1): match.group(3) for match in found}
+
+
+def test_setup_cfg_floors_are_the_oldest_legs_pins_and_the_supported_range_starts_there():
+    pins = dict(line.split("==") for line in (REPO / "requirements" / "oldest.txt").read_text().split()
+                if "==" in line)
+    assert {name: pins.get(name) for name in floors()} == floors()
+    assert compat.SUPPORTED.startswith(f"Lightning {floors()['lightning']} to ")
+    assert f" with torch {floors()['torch']} to " in compat.SUPPORTED
