@@ -68,3 +68,54 @@ def test_epoch_line_matches_the_workshop_format():
     line = format_epoch_line(EpochRecord(1, 32.6354, 1835.549, 0.27812, 0.90349))
     assert line == "Epoch 1: Cumulative Time = 32.635, Images/sec = 1835.55, Val Loss = 0.278, Val Acc = 0.903"
     assert format_epoch_line(EpochRecord(2, 1.0, 2.0, None, None)).endswith("Val Loss = n/a, Val Acc = n/a")
+
+
+def test_windows_split_the_epochs_training_time_and_images_and_restart_at_each_epoch():
+    fake = FakeClock()
+    clock = EpochClock(fake)
+    clock.start_epoch()
+    taken = []
+    for batch in range(5):
+        fake.advance(0.5)
+        clock.start_batch()
+        fake.advance(1.5)
+        clock.end_batch(images=100)
+        if batch == 1:
+            taken.append(clock.take_window())
+        if batch == 2:
+            clock.pause()
+            fake.advance(30.0)  # validation inside a window: not training time
+            clock.resume()
+    taken.append(clock.take_window())
+    assert taken == [(200, pytest.approx(4.0)), (300, pytest.approx(6.0))]
+    fake.advance(7.0)  # after the last batch's end: the epoch's, not a window's
+    assert clock.end_epoch().seconds == pytest.approx(17.0)
+    clock.start_epoch()
+    fake.advance(1.0)
+    clock.start_batch()
+    fake.advance(1.0)
+    clock.end_batch(images=100)
+    assert clock.take_window() == (100, pytest.approx(2.0))  # from the new epoch's start
+
+
+@pytest.mark.parametrize("accumulate,every,steps", [(1, 3, [2, 5, 8, 11, 14]), (2, 2, [1, 3, 5, 7])])
+def test_images_per_sec_is_logged_per_window_at_the_steps_lightning_writes_its_logs(
+        fashion_root, tmp_path, accumulate, every, steps):
+    """2 epochs of 8 batches: a window every ``every`` optimizer steps, logged once at each (also when gradients
+    accumulate), where Lightning logs train/loss; its figure, from rank 0's clock, agrees with the epoch's."""
+    from callbacks import ThroughputReport
+    from callbacks.run_record import MetricsCSV, read_rows
+    from tests.unit.conftest import tiny_fit
+
+    logger = MetricsCSV(str(tmp_path), name="run", version=0)
+    tiny_fit(fashion_root, tmp_path, [ThroughputReport()], logger=logger, limit_val_batches=0, max_epochs=2,
+             log_every_n_steps=every, accumulate_grad_batches=accumulate)
+    rows = read_rows(tmp_path / "run" / "version_0" / "metrics.csv")
+    windows = [row for row in rows if row.get("throughput/window/images_per_sec")]
+    assert [int(row["step"]) for row in windows] == steps
+    assert [int(row["step"]) for row in rows if row.get("train/loss")] == steps
+    assert all(row["throughput/window/images_per_sec_per_device"] == row["throughput/window/images_per_sec"]
+               and row["epoch"] in ("0.0", "1.0") for row in windows)  # one device
+    epochs = [float(row["throughput/images_per_sec"]) for row in rows if row.get("throughput/images_per_sec")]
+    rates = [float(row["throughput/window/images_per_sec"]) for row in windows]
+    assert min(epochs) / 5 < sorted(rates)[len(rates) // 2] < max(epochs) * 5
