@@ -103,7 +103,7 @@ def test_under_fsdp_its_collectives_are_comm_and_a_slower_rank_makes_the_other_w
 
 
 def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path, fashion_root):
-    clean = run(tmp_path, fashion_root)
+    clean = run(tmp_path, fashion_root, "--trainer.log_every_n_steps", "2")  # windows of images/sec: the page's
     for rank in (0, 1):
         parts = clean["parts"][rank]
         assert all(seconds >= 0 and math.isfinite(seconds) for seconds in parts.values()), parts
