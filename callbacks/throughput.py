@@ -1,6 +1,6 @@
 """Images/sec and cumulative training time per epoch over all ranks, validation excluded: all ranks' images over the
 slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0); and where each rank's
-step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather. Between epochs, images/sec
+step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather. Inside an epoch, images/sec
 per window of ``log_every_n_steps``, from rank 0's clock: a curve for the review page (callbacks/review_page.py)."""
 
 import time
