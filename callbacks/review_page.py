@@ -29,6 +29,13 @@ def accuracy_interval(accuracy: float, images: int, z: float = Z_95) -> Tuple[fl
     return max(centre - half, 0.0), min(centre + half, 1.0)
 
 
+def accuracy_band(accuracy, images: int) -> Dict[str, float]:
+    """The columns of the validation accuracy's interval; none without an accuracy or images."""
+    if accuracy is None or not images:
+        return {}
+    return dict(zip(ACCURACY_BAND[1:], accuracy_interval(float(accuracy), images)))
+
+
 def layout(breakdown: bool, ranks: int) -> Dict[str, Dict[str, list]]:
     """The page's charts (tags are regular expressions; a Margin chart names its value, lower and upper tags): the
     breakdown's parts per window between decision points when it runs, those that apply to ``ranks`` processes."""

@@ -5,10 +5,11 @@ per window of ``log_every_n_steps``, from rank 0's clock: a curve for the review
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from callbacks import review_page, step_marks, step_time
@@ -37,12 +38,11 @@ class EpochClock:
         self._paused_s = 0.0
         self._last_mark: Optional[float] = None
         self._batch_start: Optional[float] = None
-        self._window_start = (0, 0.0)  # images and training seconds of the epoch when the window began
 
     def start_epoch(self) -> None:
         self.timing = EpochTiming()
         self._epoch_start = self._last_mark = self.clock()
-        self._paused_s, self._paused_at, self._window_start = 0.0, None, (0, 0.0)
+        self._paused_s, self._paused_at = 0.0, None
 
     def start_batch(self) -> None:
         if self._last_mark is None:
@@ -60,12 +60,9 @@ class EpochClock:
         self._last_mark = now
         return step_s
 
-    def take_window(self) -> Tuple[int, float]:
-        """Images and training seconds from the last window's end (or the epoch's start) to the last batch's end."""
-        trained_s = self._last_mark - self._epoch_start - self._paused_s
-        images, seconds = self.timing.images - self._window_start[0], trained_s - self._window_start[1]
-        self._window_start = (self.timing.images, trained_s)
-        return images, seconds
+    def trained_s(self) -> float:
+        """The epoch's training seconds up to the last batch's end."""
+        return self._last_mark - self._epoch_start - self._paused_s
 
     def pause(self) -> None:
         if self._epoch_start is not None and self._paused_at is None:
@@ -151,6 +148,8 @@ class ThroughputReport(Callback):
         self._val_images = 0  # this rank's, in the last validation
         # optimizer steps taken; a window ends where Lightning writes its logs (-1: none on this rank, or no logger)
         self._steps, self._window_every, self._window_end = 0, 0, -1
+        self._windows = Throughput(window_size=2)  # rank 0's rate over the last window, × the world size
+        self._before = (0.0, 0)  # this rank's training seconds and images in the epochs before this one
 
     @staticmethod
     def _sync(trainer: Trainer) -> None:
@@ -174,6 +173,8 @@ class ThroughputReport(Callback):
         every = trainer.log_every_n_steps if trainer.is_global_zero and trainer.loggers else 0
         self._steps, self._window_every = trainer.global_step, every  # a resumed run continues Lightning's count
         self._window_end = (self._steps // every + 1) * every if every else -1
+        self._windows = Throughput(world_size=trainer.world_size, window_size=2)
+        self._windows.update(time=0.0, batches=self._steps, samples=0)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
@@ -214,16 +215,18 @@ class ThroughputReport(Callback):
             self._log_window(trainer)
 
     def _log_window(self, trainer: Trainer) -> None:
-        """Rank 0's images × the world size over its training time since the last log step or the epoch's start: no
-        device read, no collective (every step ends in the ranks' all-reduce: they keep pace; docs/reporting.md)."""
+        """Lightning's Throughput over the training time since the last log step (validation and the time between
+        epochs left out): rank 0's rate × the world size, no device read, no collective (docs/reporting.md)."""
         self._window_end += self._window_every
-        images, seconds = self.clock.take_window()
-        if seconds > 0:
-            rate = images * trainer.world_size / seconds
-            devices = trainer.world_size * getattr(trainer.strategy, "devices_per_process", 1)
-            log_to_loggers(trainer, {"throughput/window/images_per_sec": rate,
-                                     "throughput/window/images_per_sec_per_device": rate / devices,
-                                     "epoch": trainer.current_epoch}, step=self._steps - 1)
+        seconds, images = self._before
+        self._windows.update(time=seconds + self.clock.trained_s(), batches=self._steps,
+                             samples=images + self.clock.timing.images)
+        rates = self._windows.compute()
+        mine = rates["device/samples_per_sec"]  # of this process's devices (dp: several)
+        log_to_loggers(trainer, {"throughput/window/images_per_sec": rates.get("samples_per_sec", mine),
+                                 "throughput/window/images_per_sec_per_device":
+                                     mine / getattr(trainer.strategy, "devices_per_process", 1),
+                                 "epoch": trainer.current_epoch}, step=self._steps - 1)
 
     # No stage check: the clock ignores a pause outside a training epoch (sanity check, the validate subcommand).
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -246,6 +249,7 @@ class ThroughputReport(Callback):
         """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
         self._sync(trainer)
         mine = self.clock.end_epoch()
+        self._before = (self._before[0] + mine.seconds, self._before[1] + mine.images)
         timer = self.timer
         parts = step_time.EpochParts(timer.take_epoch(), timer.marks, timer.sample_every,
                                      trainer.num_nodes == 1 and timer.clock.shared_by_ranks) if timer else None
@@ -262,10 +266,7 @@ class ThroughputReport(Callback):
                                step=min((window + 1) * self.every, trainer.global_step) - 1)
         validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
         logged = trainer.callback_metrics if validated else {}
-        val_images = int(sum(row[4] for row in rows))
-        if "val/acc" in logged and val_images:
-            band = review_page.accuracy_interval(float(logged["val/acc"]), val_images)
-            figures.update(zip(review_page.ACCURACY_BAND[1:], band))
+        figures.update(review_page.accuracy_band(logged.get("val/acc"), int(sum(row[4] for row in rows))))
         log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
                                  "epoch": trainer.current_epoch, **figures})
         line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s,
