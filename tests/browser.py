@@ -173,7 +173,7 @@ def main(argv=None) -> int:
     reason = install_reason()
     if reason:
         raise SystemExit(reason)
-    with tensorboard(logdir) as url, chromium(1400, 1500) as driver:
+    with tensorboard(logdir) as url, chromium(1400, 1800) as driver:
         for card in drawn_charts(driver, url):
             print(f"{card['title']}: " + "; ".join(f"{line['inside']} of {line['points']} points inside, spread "
                                                    f"{line['spread']:.0f} of {line['height']:.0f} px"
