@@ -8,7 +8,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from callbacks import ThroughputReport
+from callbacks import PeakMemory, ThroughputReport
 from callbacks.review_page import accuracy_interval, layout
 from callbacks.run_record import MetricsCSV, read_rows
 from callbacks.step_time import PARTS
@@ -35,8 +35,8 @@ def test_the_breakdowns_charts_are_its_parts_per_window_and_comm_and_wait_only_w
 
 def test_every_chart_names_tags_the_run_logged_and_the_band_holds_the_accuracy(fashion_root, tmp_path):
     logger = MetricsCSV(str(tmp_path), name="run", version=0)
-    tiny_fit(fashion_root, tmp_path, [ThroughputReport(check_every_n_steps=2)], logger=logger, max_epochs=2,
-             log_every_n_steps=2)
+    tiny_fit(fashion_root, tmp_path, [ThroughputReport(check_every_n_steps=2), PeakMemory()], logger=logger,
+             max_epochs=2, log_every_n_steps=2)
     events = EventAccumulator(str(tmp_path / "run" / "version_0"), size_guidance={"tensors": 0, "scalars": 0})
     events.Reload()
     (config,) = events.Tensors("custom_scalars__config__")
@@ -53,6 +53,7 @@ def test_every_chart_names_tags_the_run_logged_and_the_band_holds_the_accuracy(f
             found = {pattern: [tag for tag in logged if re.search(pattern, tag)] for pattern in chart.multiline.tag}
             assert all(found.values()), (chart.title, found, logged)
             assert max(len(events.Scalars(tag)) for tags in found.values() for tag in tags) >= 4, (chart.title, found)
-    assert not [tag for tag in logged if re.search(r"/(comm|wait)/|^comm/|slowest", tag)], logged  # one rank
+    assert not [tag for tag in logged if re.search(r"/(comm|wait)/|^comm/|slowest|_rank0$", tag)], logged  # one rank
+    assert "memory/peak_mb" in logged
     assert "epoch" not in logged  # a column of metrics.csv, where the epochs are read
     assert {row["epoch"] for row in read_rows(tmp_path / "run" / "version_0" / "metrics.csv")} >= {"0.0", "1.0"}
