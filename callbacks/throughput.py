@@ -146,10 +146,10 @@ class ThroughputReport(Callback):
         self.first_step_s: Optional[float] = None
         self._validated = False  # since the epoch's line
         self._val_images = 0  # this rank's, in the last validation
-        # optimizer steps taken; a window ends where Lightning writes its logs (-1: none on this rank, or no logger)
+        # optimizer steps of this fit; a window ends where Lightning writes its logs (-1: not on this rank, no logger)
         self._steps, self._window_every, self._window_end = 0, 0, -1
         self._windows = Throughput(window_size=2)  # rank 0's rate over the last window, × the world size
-        self._before = (0.0, 0)  # this rank's training seconds and images in the epochs before this one
+        self._before = (0.0, 0)  # this rank's training seconds and images in this fit's epochs before this one
 
     @staticmethod
     def _sync(trainer: Trainer) -> None:
@@ -171,10 +171,10 @@ class ThroughputReport(Callback):
             step_marks.time_after_setup(self.timer, trainer.strategy, pl_module)
         review_page.write_layout(trainer, self.timer is not None)
         every = trainer.log_every_n_steps if trainer.is_global_zero and trainer.loggers else 0
-        self._steps, self._window_every = trainer.global_step, every  # a resumed run continues Lightning's count
-        self._window_end = (self._steps // every + 1) * every if every else -1
+        self._steps, self._window_every, self._before = 0, every, (0.0, 0)
+        self._window_end = every - trainer.global_step % every if every else -1  # a resumed run: Lightning's count
         self._windows = Throughput(world_size=trainer.world_size, window_size=2)
-        self._windows.update(time=0.0, batches=self._steps, samples=0)
+        self._windows.update(time=0.0, batches=0, samples=0)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
@@ -226,7 +226,7 @@ class ThroughputReport(Callback):
         log_to_loggers(trainer, {"throughput/window/images_per_sec": rates.get("samples_per_sec", mine),
                                  "throughput/window/images_per_sec_per_device":
                                      mine / getattr(trainer.strategy, "devices_per_process", 1),
-                                 "epoch": trainer.current_epoch}, step=self._steps - 1)
+                                 "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
 
     # No stage check: the clock ignores a pause outside a training epoch (sanity check, the validate subcommand).
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -152,3 +152,32 @@ def test_a_window_is_rank_0s_images_times_the_world_size_over_its_training_time_
         [200 / 3.0 * 4, 200 / 3.5 * 4])
     assert [metrics["throughput/window/images_per_sec_per_device"] for _, metrics in windows] == pytest.approx(
         [200 / 3.0, 200 / 3.5])
+
+
+def test_a_resumed_run_ends_its_windows_where_lightning_writes_and_its_first_at_the_resume():
+    """Resumed at optimizer step 3 with a log every 2 steps: the windows end at steps 4 and 6 (logged at 3 and 5, as
+    Lightning's train/loss), the first one over the 1 step trained since the resume."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from callbacks import ThroughputReport
+
+    fake, logged = FakeClock(), []
+    report = ThroughputReport(breakdown=False)
+    report.clock = EpochClock(fake)
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), devices_per_process=1)
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[logger], log_every_n_steps=2, global_step=3, world_size=1,
+                              current_epoch=0, strategy=strategy)
+    report.on_train_start(trainer, None)
+    for index in range(3):  # no on_train_epoch_start: a mid-epoch resume starts at a batch
+        fake.advance(1.0)
+        report.on_train_batch_start(trainer, None, (None, [0] * 10), index)
+        fake.advance(1.0)
+        report.on_before_optimizer_step(trainer, None, None)
+        trainer.global_step += 1
+        report.on_train_batch_end(trainer, None, None, (None, [0] * 10), index)
+    windows = [(step, metrics["throughput/window/images_per_sec"]) for step, metrics in logged
+               if "throughput/window/images_per_sec" in metrics]
+    assert windows == [(3, pytest.approx(10 / 1.0)), (5, pytest.approx(20 / 4.0))]
