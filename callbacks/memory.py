@@ -38,7 +38,7 @@ def model_state_mb(module: torch.nn.Module, optimizers: Iterable[torch.optim.Opt
 
 class PeakMemory(Callback):
     """After the first epoch, rank 0 prints and logs the largest rank's parameters and optimizer state; every epoch
-    ``memory/peak_mb`` (largest over ranks) and ``memory/peak_mb_rank<i>``."""
+    ``memory/peak_mb`` (largest over ranks) and, with several ranks, ``memory/peak_mb_rank<i>``."""
 
     def __init__(self) -> None:
         self._state_reported = False
@@ -52,5 +52,5 @@ class PeakMemory(Callback):
             log_to_loggers(trainer, {"memory/parameters_mb": params_mb, "memory/optimizer_state_mb": optimizer_mb})
             self._state_reported = True
         per_rank = [row[0] for row in gather_rows(trainer, [peak_memory_mb(trainer.strategy.root_device)])]
-        log_to_loggers(trainer, {"memory/peak_mb": max(per_rank),
-                                 **{f"memory/peak_mb_rank{rank}": value for rank, value in enumerate(per_rank)}})
+        ranks = {f"memory/peak_mb_rank{rank}": value for rank, value in enumerate(per_rank)}
+        log_to_loggers(trainer, {"memory/peak_mb": max(per_rank), **(ranks if len(ranks) > 1 else {})})

@@ -54,7 +54,9 @@ class MetricsCSV(TensorBoardLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: Dict[str, float], step: Optional[int] = None) -> None:
-        super().log_metrics(metrics, step)
+        """Every value to both files, but ``epoch`` (which Lightning adds) to metrics.csv only: TensorBoard's x-axis is
+        the step, and a chart of a few epoch numbers is drawn off the plot there (docs/reporting.md)."""
+        super().log_metrics({key: value for key, value in metrics.items() if key != "epoch"}, step)
         if self.rows is None:
             resumed_at = self.purge_step or 0
             self.rows = [row for row in read_rows(self.path) if float(row.get("step") or 0) < resumed_at]

@@ -202,21 +202,34 @@ class EpochParts:
         return result, windows
 
 
+def parts_of(ranks: int) -> Tuple[str, ...]:
+    """The parts that apply to a run of ``ranks`` processes: with one, nothing is communicated and no one waits, so
+    ``comm`` and ``wait`` (always 0 there) are left out of what is logged and of the review page."""
+    return PARTS if ranks > 1 else tuple(part for part in PARTS if part not in ("comm", "wait"))
+
+
+def _columns(prefix: str, result: Breakdown) -> Dict[str, float]:
+    """``<prefix>/<part>/rank<k>`` for the parts that apply, then the slowest rank and its lead (with several)."""
+    shown = parts_of(len(result.ranks))
+    values = {f"{prefix}/{part}/rank{rank}": parts[part] for rank, parts in enumerate(result.ranks) for part in shown}
+    if len(result.ranks) > 1:
+        values.update({f"{prefix}/slowest_rank": result.slowest_rank, f"{prefix}/slowest_lead": result.slowest_lead})
+    return values
+
+
 def window_metrics(result: Breakdown) -> Dict[str, float]:
     """A window's columns: ``window/<part>/rank<k>`` in seconds, the slowest rank and its lead."""
-    values = {f"window/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)
-              for part, seconds in parts.items()}
-    return {**values, "window/slowest_rank": result.slowest_rank, "window/slowest_lead": result.slowest_lead}
+    return _columns("window", result)
 
 
 def metrics(result: Breakdown) -> Dict[str, float]:
-    """The record's columns: ``time/<part>/rank<k>`` in seconds per epoch, then the run's figures."""
-    values = {f"time/{part}/rank{rank}": seconds for rank, parts in enumerate(result.ranks)
-              for part, seconds in parts.items()}
+    """The record's columns: ``time/<part>/rank<k>`` in seconds per epoch, then the run's figures; what does not
+    apply (comm on one rank, DDP's buckets under fsdp, bandwidths when nothing synced) is left out, not logged as 0."""
+    values = _columns("time", result)
     values.update({f"time/step_std_s/rank{rank}": std for rank, std in enumerate(result.step_std_s)})
-    values.update({"time/slowest_rank": result.slowest_rank, "time/slowest_lead": result.slowest_lead,
-                   "time/sampled_every": result.sampled_every,
-                   "comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
+    values["time/sampled_every"] = result.sampled_every
+    if result.buckets:  # DDP's comm hook saw the gradients
+        values.update({"comm/gradient_bytes": result.gradient_bytes, "comm/buckets": result.buckets})
     optional = {"comm/hidden_share": result.hidden_share, "comm/algbw_gbps": result.algbw_gbps,
                 "comm/busbw_gbps": result.busbw_gbps}  # None (nothing synced, no comm time): left out
     return {**values, **{key: value for key, value in optional.items() if value is not None}}
@@ -233,20 +246,3 @@ def format_line(result: Breakdown) -> str:
     estimate += f", 1 step in {result.sampled_every} timed" if result.sampled_every > 1 else ""
     return (f"Step time (slowest rank {result.slowest_rank}, {result.slowest_lead:+.0%} over the median{estimate}): "
             + ", ".join(f"{name} {shares[name] / wall:.0%}" for name in order)).replace("%", " %")
-
-
-def tensorboard_layout(breakdown: bool) -> Dict[str, Dict[str, list]]:
-    """TensorBoard's custom-scalars layout: images/sec, validation accuracy and loss, and (with the breakdown) each
-    part per rank, on one page, so a 1-device and a 4-device run compare side by side (tags are regular
-    expressions; every run in the folder shows on each chart)."""
-    layout = {"Throughput and accuracy": {
-        "images/sec (all ranks)": ["Multiline", [r"^throughput/images_per_sec$"]],
-        "validation accuracy": ["Multiline", [r"^val/acc$"]],
-        "validation loss": ["Multiline", [r"^val/loss$"]]}}
-    if breakdown:
-        layout["Step time per rank (s per epoch)"] = {
-            part: ["Multiline", [rf"^time/{part}/rank\d+$"]] for part in PARTS}
-        layout["Step time per rank (s per window between decision points)"] = {
-            part: ["Multiline", [rf"^window/{part}/rank\d+$"]] for part in PARTS}
-    return layout
-

@@ -1,6 +1,7 @@
 """Images/sec and cumulative training time per epoch over all ranks, validation excluded: all ranks' images over the
 slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0); and where each rank's
-step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather."""
+step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather. Inside an epoch, images/sec
+per window of ``log_every_n_steps``, from rank 0's clock: a curve for the review page (callbacks/review_page.py)."""
 
 import time
 from dataclasses import dataclass
@@ -8,14 +9,12 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import TensorBoardLogger
-from torch.utils.tensorboard.summary import custom_scalars
 
-from callbacks import step_marks, step_time
+from callbacks import review_page, step_marks, step_time
 from callbacks.step_marks import CudaEvents, HostClock, StepTimer
 from callbacks.run_record import EpochRecord
-from fashion_mnist_dp.runtime import compat
 
 
 @dataclass
@@ -43,8 +42,7 @@ class EpochClock:
     def start_epoch(self) -> None:
         self.timing = EpochTiming()
         self._epoch_start = self._last_mark = self.clock()
-        self._paused_s = 0.0
-        self._paused_at = None
+        self._paused_s, self._paused_at = 0.0, None
 
     def start_batch(self) -> None:
         if self._last_mark is None:
@@ -61,6 +59,10 @@ class EpochClock:
         self.timing.images += images
         self._last_mark = now
         return step_s
+
+    def trained_s(self) -> float:
+        """The epoch's training seconds up to the last batch's end."""
+        return self._last_mark - self._epoch_start - self._paused_s
 
     def pause(self) -> None:
         if self._epoch_start is not None and self._paused_at is None:
@@ -143,6 +145,11 @@ class ThroughputReport(Callback):
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
         self._validated = False  # since the epoch's line
+        self._val_images = 0  # this rank's, in the last validation
+        # optimizer steps of this fit; a window ends where Lightning writes its logs (-1: not on this rank, no logger)
+        self._steps, self._window_every, self._window_end = 0, 0, -1
+        self._windows = Throughput(window_size=2)  # rank 0's rate over the last window, × the world size
+        self._before = (0.0, 0)  # this rank's training seconds and images in this fit's epochs before this one
 
     @staticmethod
     def _sync(trainer: Trainer) -> None:
@@ -162,11 +169,12 @@ class ThroughputReport(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.timer is not None:
             step_marks.time_after_setup(self.timer, trainer.strategy, pl_module)
-        if trainer.is_global_zero:
-            layout = custom_scalars(step_time.tensorboard_layout(self.timer is not None))
-            for logger in trainer.loggers:
-                if isinstance(logger, TensorBoardLogger):
-                    compat.write_tensorboard_summaries(logger, [layout])
+        review_page.write_layout(trainer, self.timer is not None)
+        every = trainer.log_every_n_steps if trainer.is_global_zero and trainer.loggers else 0
+        self._steps, self._window_every, self._before = 0, every, (0.0, 0)
+        self._window_end = every - trainer.global_step % every if every else -1  # a resumed run: Lightning's count
+        self._windows = Throughput(world_size=trainer.world_size, window_size=2)
+        self._windows.update(time=0.0, batches=0, samples=0)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
@@ -188,6 +196,7 @@ class ThroughputReport(Callback):
             self.timer.after_backward()
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
+        self._steps += 1
         if self.timer is not None:
             self.timer.before_optimizer()
 
@@ -202,11 +211,32 @@ class ThroughputReport(Callback):
             self.clock.end_batch(len(batch[1]))
         if self.timer is not None:
             self.timer.batch_end()
+        if self._steps == self._window_end:
+            self._log_window(trainer)
+
+    def _log_window(self, trainer: Trainer) -> None:
+        """Lightning's Throughput over the training time since the last log step (validation and the time between
+        epochs left out): rank 0's rate × the world size, no device read, no collective (docs/reporting.md)."""
+        self._window_end += self._window_every
+        seconds, images = self._before
+        self._windows.update(time=seconds + self.clock.trained_s(), batches=self._steps,
+                             samples=images + self.clock.timing.images)
+        rates = self._windows.compute()
+        mine = rates["device/samples_per_sec"]  # of this process's devices (dp: several)
+        log_to_loggers(trainer, {"throughput/window/images_per_sec": rates.get("samples_per_sec", mine),
+                                 "throughput/window/images_per_sec_per_device":
+                                     mine / getattr(trainer.strategy, "devices_per_process", 1),
+                                 "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
 
     # No stage check: the clock ignores a pause outside a training epoch (sanity check, the validate subcommand).
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
         self.clock.pause()
+        self._val_images = 0
+
+    def on_validation_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self._val_images += len(batch[1])  # every image once over the ranks (docs/architecture.md)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
@@ -219,24 +249,26 @@ class ThroughputReport(Callback):
         """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
         self._sync(trainer)
         mine = self.clock.end_epoch()
+        self._before = (self._before[0] + mine.seconds, self._before[1] + mine.images)
         timer = self.timer
         parts = step_time.EpochParts(timer.take_epoch(), timer.marks, timer.sample_every,
                                      trainer.num_nodes == 1 and timer.clock.shared_by_ranks) if timer else None
-        rows = gather_rows(trainer, [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s,
+        rows = gather_rows(trainer, [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s, self._val_images,
                                      *(parts.row() if parts else [])])
         figures = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                 getattr(trainer.strategy, "devices_per_process", 1), self.cumulative_s)
         self.cumulative_s = figures["time/cumulative_s"]
         breakdown = None
         if parts is not None:
-            breakdown, windows = parts.combine([row[4:] for row in rows], lambda values: gather_rows(trainer, values))
+            breakdown, windows = parts.combine([row[5:] for row in rows], lambda values: gather_rows(trainer, values))
             for window, result in windows:  # each window's figures at its decision step
                 log_to_loggers(trainer, step_time.window_metrics(result),
                                step=min((window + 1) * self.every, trainer.global_step) - 1)
-        log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
-                                 "epoch": trainer.current_epoch, **figures})
         validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
         logged = trainer.callback_metrics if validated else {}
+        figures.update(review_page.accuracy_band(logged.get("val/acc"), int(sum(row[4] for row in rows))))
+        log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
+                                 "epoch": trainer.current_epoch, **figures})
         line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s,
                                              figures["throughput/images_per_sec"],
                                              logged.get("val/loss"), logged.get("val/acc")))

@@ -9,7 +9,8 @@ import torch
 from callbacks import ThroughputReport
 from callbacks.run_record import MetricsCSV, read_rows
 from callbacks.step_marks import HostClock, StepTimer
-from callbacks.step_time import PARTS, RankEpoch, StepMarks, combine, format_line, metrics, split_wait, summarise
+from callbacks.step_time import (PARTS, RankEpoch, StepMarks, combine, format_line, metrics, parts_of, split_wait,
+                                 summarise)
 from tests.unit.conftest import tiny_fit
 
 
@@ -59,7 +60,9 @@ def test_the_epoch_over_ranks_names_the_slowest_its_lead_and_the_all_reduce_band
     assert result.algbw_gbps == pytest.approx(1.0) and result.busbw_gbps == pytest.approx(1.0)  # 2(n-1)/n = 1
     values = metrics(result)
     assert values["time/wait/rank0"] == pytest.approx(0.5) and values["time/slowest_rank"] == 1
-    assert {key for key in values if key.endswith("/rank1")} == {f"time/{part}/rank1" for part in (*PARTS, "step_std_s")}
+    ranked = {key for key in values if key.endswith("/rank1")}
+    assert ranked == {f"time/{part}/rank1" for part in (*PARTS, "step_std_s")}
+    assert (values["comm/gradient_bytes"], values["comm/buckets"]) == (10 ** 8, 4)
     assert format_line(result) == ("Step time (slowest rank 1, +11 % over the median): compute 87 %, comm 4 %, "
                                    "wait 10 %, data 0 %, optimizer 0 %, other 0 %")
 
@@ -76,6 +79,18 @@ def test_fsdps_collectives_are_comm_and_its_wait_is_estimated_as_the_excess_over
     assert result.ranks[0]["wait"] == pytest.approx(0.06) and result.ranks[0]["comm"] == pytest.approx(0.04)
     assert result.ranks[1]["wait"] == 0 and result.slowest_rank == 1 and result.algbw_gbps is None
     assert result.estimated and "over the median, comm/wait estimated)" in format_line(result)
+    assert not {"comm/gradient_bytes", "comm/buckets"} & set(metrics(result))  # DDP's buckets: none under fsdp
+
+
+def test_one_rank_logs_no_comm_wait_or_slowest_rank_that_would_always_be_0():
+    alone = combine([summarise([StepMarks(data_s=0.01, start=0.0, before_backward=0.1, after_backward=0.3,
+                                          before_optimizer=0.3, end=0.31)])])
+    values = metrics(alone)
+    assert parts_of(1) == ("data", "forward", "backward", "optimizer", "other") and parts_of(2) == PARTS
+    assert {key for key in values if key.startswith("time/") and key.endswith("/rank0")} == {
+        *(f"time/{part}/rank0" for part in parts_of(1)), "time/step_std_s/rank0"}
+    assert not [key for key in values if key.startswith("comm/") or "slowest" in key], values
+    assert sum(alone.ranks[0].values()) == pytest.approx(0.32)  # the parts left out were 0: the rest add up
 
 
 class FakeBucket:
@@ -120,8 +135,8 @@ def test_each_window_between_decision_points_is_logged_at_its_step_and_the_windo
     windows = [row for row in rows if row.get("window/data/rank0")]
     epoch = next(row for row in rows if row.get("time/data/rank0"))
     assert [int(row["step"]) for row in windows] == [2, 5, 7]
-    assert all(row["window/slowest_rank"] == "0.0" for row in windows)
-    for part in PARTS:
+    assert not [key for key in rows[0] if "slowest" in key or "/comm/" in key or "/wait/" in key]  # one rank
+    for part in parts_of(1):
         total = sum(float(row[f"window/{part}/rank0"]) for row in windows)
         assert total == pytest.approx(float(epoch[f"time/{part}/rank0"]), abs=1e-9), part
     assert float(epoch["time/forward/rank0"]) > 0
@@ -193,7 +208,7 @@ def test_a_run_on_a_clock_read_late_reports_every_step_as_the_host_clock_does(fa
     assert isinstance(report.timer.clock, LateClock) and len(marks) == 8
     rows = read_rows(tmp_path / "run" / "version_0" / "metrics.csv")
     epoch = next(row for row in rows if row.get("time/data/rank0"))
-    wall = sum(float(epoch[f"time/{part}/rank0"]) for part in PARTS)
+    wall = sum(float(epoch[f"time/{part}/rank0"]) for part in parts_of(1))
     assert wall == pytest.approx(marks[-1].end - (marks[0].start - marks[0].data_s))  # the epoch's first mark to last
     assert float(epoch["time/forward/rank0"]) > 0 and [row["step"] for row in rows if row.get("window/data/rank0")] == [
         "2", "5", "7"]

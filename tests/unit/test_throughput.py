@@ -68,3 +68,116 @@ def test_epoch_line_matches_the_workshop_format():
     line = format_epoch_line(EpochRecord(1, 32.6354, 1835.549, 0.27812, 0.90349))
     assert line == "Epoch 1: Cumulative Time = 32.635, Images/sec = 1835.55, Val Loss = 0.278, Val Acc = 0.903"
     assert format_epoch_line(EpochRecord(2, 1.0, 2.0, None, None)).endswith("Val Loss = n/a, Val Acc = n/a")
+
+
+def test_the_epochs_training_time_so_far_ends_at_the_last_batch_and_leaves_validation_out():
+    fake = FakeClock()
+    clock = EpochClock(fake)
+    clock.start_epoch()
+    for batch in range(3):
+        fake.advance(0.5)
+        clock.start_batch()
+        fake.advance(1.5)
+        clock.end_batch(images=100)
+        if batch == 0:
+            clock.pause()
+            fake.advance(30.0)  # validation: not training time
+            clock.resume()
+    fake.advance(7.0)  # after the last batch's end: not yet in a window
+    assert clock.trained_s() == pytest.approx(6.0) and clock.timing.images == 300
+    assert clock.end_epoch().seconds == pytest.approx(13.0)
+
+
+@pytest.mark.parametrize("accumulate,every,steps", [(1, 3, [2, 5, 8, 11, 14]), (2, 2, [1, 3, 5, 7])])
+def test_images_per_sec_is_logged_per_window_at_the_steps_lightning_writes_its_logs(
+        fashion_root, tmp_path, accumulate, every, steps):
+    """2 epochs of 8 batches: a window every ``every`` optimizer steps, logged once at each (also when gradients
+    accumulate), where Lightning logs train/loss, across the epochs' end; its figure, from rank 0's clock, agrees
+    with the epoch's."""
+    from callbacks import ThroughputReport
+    from callbacks.run_record import MetricsCSV, read_rows
+    from tests.unit.conftest import tiny_fit
+
+    logger = MetricsCSV(str(tmp_path), name="run", version=0)
+    tiny_fit(fashion_root, tmp_path, [ThroughputReport()], logger=logger, limit_val_batches=0, max_epochs=2,
+             log_every_n_steps=every, accumulate_grad_batches=accumulate)
+    rows = read_rows(tmp_path / "run" / "version_0" / "metrics.csv")
+    windows = [row for row in rows if row.get("throughput/window/images_per_sec")]
+    assert [int(row["step"]) for row in windows] == steps
+    assert [int(row["step"]) for row in rows if row.get("train/loss")] == steps
+    assert all(row["throughput/window/images_per_sec_per_device"] == row["throughput/window/images_per_sec"]
+               and row["epoch"] in ("0.0", "1.0") for row in windows)  # one device
+    epochs = [float(row["throughput/images_per_sec"]) for row in rows if row.get("throughput/images_per_sec")]
+    rates = [float(row["throughput/window/images_per_sec"]) for row in windows]
+    assert min(epochs) / 5 < sorted(rates)[len(rates) // 2] < max(epochs) * 5
+
+
+def test_a_window_is_rank_0s_images_times_the_world_size_over_its_training_time_across_an_epochs_end():
+    """Rank 0 of 4, a log every 2 steps, batches of 100 images in 0.5 s of data wait and 1 s of step: the window at
+    step 2 is 200 images in 3 s; the one at step 4 spans the epoch's end: 200 images in 3.5 s (the end of epoch 1
+    after its last batch counts, the 10 s between the epochs do not)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from callbacks import ThroughputReport
+
+    fake, logged = FakeClock(), []
+    report = ThroughputReport(breakdown=False)
+    report.clock = EpochClock(fake)
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), all_gather=lambda tensor: tensor, devices_per_process=1)
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[logger], log_every_n_steps=2, global_step=0, world_size=4,
+                              current_epoch=0, strategy=strategy, num_nodes=1, callback_metrics={},
+                              progress_bar_callback=None)
+    batch = (None, list(range(100)))
+    report.on_train_start(trainer, None)
+    for epoch, batches in ((0, 3), (1, 1)):
+        trainer.current_epoch = epoch
+        report.on_train_epoch_start(trainer, None)
+        for index in range(batches):
+            fake.advance(0.5)
+            report.on_train_batch_start(trainer, None, batch, index)
+            fake.advance(1.0)
+            report.on_before_optimizer_step(trainer, None, None)
+            trainer.global_step += 1
+            report.on_train_batch_end(trainer, None, None, batch, index)
+        if epoch == 0:
+            fake.advance(0.5)
+            report.on_train_epoch_end(trainer, None)
+            fake.advance(10.0)
+    windows = [(step, metrics) for step, metrics in logged if "throughput/window/images_per_sec" in metrics]
+    assert [step for step, _ in windows] == [1, 3]
+    assert [metrics["throughput/window/images_per_sec"] for _, metrics in windows] == pytest.approx(
+        [200 / 3.0 * 4, 200 / 3.5 * 4])
+    assert [metrics["throughput/window/images_per_sec_per_device"] for _, metrics in windows] == pytest.approx(
+        [200 / 3.0, 200 / 3.5])
+
+
+def test_a_resumed_run_ends_its_windows_where_lightning_writes_and_its_first_at_the_resume():
+    """Resumed at optimizer step 3 with a log every 2 steps: the windows end at steps 4 and 6 (logged at 3 and 5, as
+    Lightning's train/loss), the first one over the 1 step trained since the resume."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from callbacks import ThroughputReport
+
+    fake, logged = FakeClock(), []
+    report = ThroughputReport(breakdown=False)
+    report.clock = EpochClock(fake)
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    strategy = SimpleNamespace(root_device=torch.device("cpu"), devices_per_process=1)
+    trainer = SimpleNamespace(is_global_zero=True, loggers=[logger], log_every_n_steps=2, global_step=3, world_size=1,
+                              current_epoch=0, strategy=strategy)
+    report.on_train_start(trainer, None)
+    for index in range(3):  # no on_train_epoch_start: a mid-epoch resume starts at a batch
+        fake.advance(1.0)
+        report.on_train_batch_start(trainer, None, (None, [0] * 10), index)
+        fake.advance(1.0)
+        report.on_before_optimizer_step(trainer, None, None)
+        trainer.global_step += 1
+        report.on_train_batch_end(trainer, None, None, (None, [0] * 10), index)
+    windows = [(step, metrics["throughput/window/images_per_sec"]) for step, metrics in logged
+               if "throughput/window/images_per_sec" in metrics]
+    assert windows == [(3, pytest.approx(10 / 1.0)), (5, pytest.approx(20 / 4.0))]

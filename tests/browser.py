@@ -1,0 +1,186 @@
+"""TensorBoard's review page in a real browser: a run's logs served by TensorBoard on 127.0.0.1, the CUSTOM SCALARS page
+opened in headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by Selenium), and what each chart
+drew read from the SVG TensorBoard renders: the points of each line inside the chart's plot area.
+
+``python -m tests.browser LOGDIR PNG`` serves LOGDIR (e.g. ``runs``), prints each chart's points drawn and saves the
+page as PNG (docs/reporting.md's screenshot). A machine without Chromium that cannot install it (not root, no apt-get)
+or without Selenium (the ``dev`` extra) skips the browser test with the reason; ``FASHION_MNIST_REQUIRE_BROWSER=1``
+(CI) turns that skip into a failure."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+from benchmarks.launch import free_port
+
+PACKAGES = ("chromium", "chromium-driver")
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+REQUIRE_BROWSER = "FASHION_MNIST_REQUIRE_BROWSER"  # "1": a browser test that cannot start fails instead of skipping
+# As root, on a machine whose outside network is closed: no sandbox, no GPU, and none of Chromium's own connections
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+# Every chart card of the page: its title, and for each line its points and those inside the plot area (the line
+# plot's box: TensorBoard draws the smoothed line there, the raw one beside it as a faint "ghost", and a margin
+# chart's band as an area plot; only the line counts). Each point's place on the screen is the path's own matrix
+# applied to its coordinates.
+CHARTS_JS = r"""
+function deep(root, selector, found) {
+  found = found || [];
+  root.querySelectorAll(selector).forEach(element => found.push(element));
+  root.querySelectorAll('*').forEach(element => { if (element.shadowRoot) deep(element.shadowRoot, selector, found); });
+  return found;
+}
+const cards = deep(document, 'tf-custom-scalar-multi-line-chart-card, tf-custom-scalar-margin-chart-card');
+return cards.map(card => {
+  const plots = deep(card.shadowRoot || card, 'div.component.line-plot')
+    .filter(plot => !plot.classList.contains('ghost') && !plot.classList.contains('area-plot'));
+  const lines = [];
+  for (const plot of plots) {
+    const box = plot.getBoundingClientRect();
+    for (const path of plot.querySelectorAll('path.line')) {
+      const matrix = path.getScreenCTM();
+      const points = [...(path.getAttribute('d') || '').matchAll(/([-\d.e+]+),([-\d.e+]+)/g)]
+        .map(m => new DOMPoint(+m[1], +m[2]).matrixTransform(matrix));
+      const inside = points.filter(p => p.x >= box.left - 0.5 && p.x <= box.right + 0.5 &&
+                                        p.y >= box.top - 0.5 && p.y <= box.bottom + 0.5);
+      lines.push({points: points.length, inside: inside.length,
+                  spread: inside.length ? Math.max(...inside.map(p => p.y)) - Math.min(...inside.map(p => p.y)) : 0,
+                  height: box.height});
+    }
+  }
+  return {title: card.title, lines: lines};
+});
+"""
+
+
+def _missing() -> List[str]:
+    return [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+
+
+def install_reason() -> Optional[str]:
+    """Install Chromium and its driver with apt-get when they are missing and this process may (root, apt-get);
+    None when the browser can run now, else why not (the skip reason)."""
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "Selenium is not installed: pip install -e '.[dev]'"
+    if not _missing():
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return f"no {' or '.join(_missing())} and not root with apt-get to install {' '.join(PACKAGES)}"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
+    try:
+        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:  # a fresh machine may not have the package lists yet
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, text=True, timeout=600)
+            result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return f"apt-get install {' '.join(PACKAGES)} took more than 10 minutes (no package registry?)"
+    if _missing():
+        tail = " ".join((result.stderr or result.stdout).split())[-300:]
+        return f"apt-get install {' '.join(PACKAGES)} failed (exit {result.returncode}): {tail}"
+    return None
+
+
+@contextmanager
+def tensorboard(logdir: Path, timeout_s: float = 60) -> Iterator[str]:
+    """``tensorboard --logdir LOGDIR`` on 127.0.0.1 and a free port, as a user starts it, until its review page's
+    layout has loaded; yields its URL and stops it (by its pid) whatever happens."""
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host",
+                               "127.0.0.1", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/data/plugin/custom_scalars/layout", timeout=5) as answer:
+                    if b"category" in answer.read():
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"TensorBoard served no layout within {timeout_s:.0f} s (exit {server.poll()}): "
+                                   f"{server.stderr.read().decode()[-2000:] if server.poll() is not None else ''}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server.stderr.close()
+
+
+@contextmanager
+def chromium(width: int = 1600, height: int = 2200):
+    """Headless Chromium through the system's chromedriver, in a new empty profile; quit and removed at the end."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    try:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def layout_titles(url: str) -> List[str]:
+    """The titles of the charts the served layout names (every run's layout merged, as the page shows them)."""
+    with urllib.request.urlopen(f"{url}/data/plugin/custom_scalars/layout", timeout=10) as answer:
+        return [chart["title"] for category in json.load(answer)["category"] for chart in category["chart"]]
+
+
+def drawn_charts(driver, url: str, timeout_s: float = 45) -> List[dict]:
+    """Open the review page and wait until its every chart has drawn and stopped changing (TensorBoard loads each
+    chart's data on its own); each card's title and lines (points, points inside the plot area, their vertical
+    spread in pixels, the plot's height)."""
+    charts = len(layout_titles(url))
+    driver.get(f"{url}/#custom_scalars")
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        found = driver.execute_script(CHARTS_JS)
+        if len(found) == charts and all(card["lines"] for card in found) and found == last:
+            return found
+        last = found
+    return last or []
+
+
+def main(argv=None) -> int:
+    """Serve LOGDIR, print what each chart of its review page drew, save the page as PNG."""
+    logdir, png = (Path(arg) for arg in (argv or sys.argv[1:]))
+    reason = install_reason()
+    if reason:
+        raise SystemExit(reason)
+    with tensorboard(logdir) as url, chromium(1400, 1800) as driver:
+        for card in drawn_charts(driver, url):
+            print(f"{card['title']}: " + "; ".join(f"{line['inside']} of {line['points']} points inside, spread "
+                                                   f"{line['spread']:.0f} of {line['height']:.0f} px"
+                                                   for line in card["lines"]))
+        driver.save_screenshot(str(png))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
