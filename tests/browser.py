@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 from benchmarks.launch import free_port
+from tests import apt
 
 PACKAGES = ("chromium", "chromium-driver")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -67,29 +68,13 @@ def _missing() -> List[str]:
 
 
 def install_reason() -> Optional[str]:
-    """Install Chromium and its driver with apt-get when they are missing and this process may (root, apt-get);
-    None when the browser can run now, else why not (the skip reason)."""
+    """Chromium and its driver installed when missing (tests/apt.py); None when the browser can run now, else why
+    not (the skip reason)."""
     try:
         import selenium  # noqa: F401
     except ImportError:
         return "Selenium is not installed: pip install -e '.[dev]'"
-    if not _missing():
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return f"no {' or '.join(_missing())} and not root with apt-get to install {' '.join(PACKAGES)}"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
-    try:
-        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:  # a fresh machine may not have the package lists yet
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, text=True, timeout=600)
-            result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        return f"apt-get install {' '.join(PACKAGES)} took more than 10 minutes (no package registry?)"
-    if _missing():
-        tail = " ".join((result.stderr or result.stdout).split())[-300:]
-        return f"apt-get install {' '.join(PACKAGES)} failed (exit {result.returncode}): {tail}"
-    return None
+    return apt.install_reason(PACKAGES, _missing)
 
 
 @contextmanager

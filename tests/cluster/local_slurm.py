@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from benchmarks.launch import free_port
+from tests import apt
 
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -44,26 +45,8 @@ def missing_programs() -> List[str]:
 
 
 def install_reason() -> Optional[str]:
-    """Install SLURM and munge with apt-get when they are missing and this process may (root, apt-get present);
-    None when they are there now, else why the cluster tier cannot run (the skip reason)."""
-    if not missing_programs():
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return (f"no SLURM here ({', '.join(missing_programs())} missing) and not root with apt-get to install "
-                f"{' '.join(PACKAGES)}")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES]
-    try:
-        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-        if result.returncode != 0:  # a fresh machine may not have the package lists yet
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, text=True, timeout=600)
-            result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        return f"apt-get install {' '.join(PACKAGES)} took more than 10 minutes (no package registry?)"
-    if missing_programs():
-        tail = " ".join((result.stderr or result.stdout).split())[-300:]
-        return f"apt-get install {' '.join(PACKAGES)} failed (exit {result.returncode}): {tail}"
-    return None
+    """SLURM and munge installed when missing (tests/apt.py); None when they are there now, else the skip reason."""
+    return apt.install_reason(PACKAGES, missing_programs)
 
 
 def _node_cpus() -> int:
