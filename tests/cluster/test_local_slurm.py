@@ -24,7 +24,7 @@ def test_a_slurm_tier_that_cannot_start_skips_with_its_reason_and_fails_where_it
 def test_ci_requires_the_slurm_tier_before_it_runs_the_readmes_test_command():
     script = (REPO / ".ci" / "run").read_text()
     exported = re.search(rf"^export {REQUIRE_SLURM}=1$", script, flags=re.M)
-    test = re.search(r"^(\w+=\S+ )*make test$", script, flags=re.M)  # an environment for that one command may come first
+    test = re.search(r"^(\w+=\S+ )*make test$", script, flags=re.M)  # behind an environment for that command
     assert exported and test and exported.start() < test.start(), script
 
 
