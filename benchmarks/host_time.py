@@ -9,7 +9,7 @@ each in its own process, run in interleaved order (a, b, c, d, then d, c, b, a, 
 
   bare:       a PyTorch loop (forward, loss, backward, SGD step) over batches already in memory;
   lightning:  the same in a minimal LightningModule under a plain ``Trainer`` (no logger, checkpoint, bar, summary);
-  reference:  the same + 20 no-op callbacks (as many as a default run lists) + a ``CSVLogger``;
+  reference:  the same + as many no-op callbacks as a default run holds (22) + a ``CSVLogger``;
   lean reference: the same + ``callbacks.LeanDispatch``, which train.py's config lists: what train.py's own
               per-step work costs beyond Lightning's, with the dispatch of no-op hooks skipped in both;
   train.py:   ``python train.py --network mlp --model.network.init_args.hidden 8`` (configs/default.yaml, every
@@ -38,6 +38,7 @@ from benchmarks import launch
 from benchmarks.tables import markdown_table, median_range
 
 HIDDEN, SKIP, STEPS, EPOCH, TRAIN_IMAGES = 8, 20, 400, 1, 60000
+DEFAULT_CALLBACKS = 22  # a default run's trainer.callbacks at setup: default.yaml's 19 and the 3 the CLI adds
 SUB_WINDOW = 50  # steps: each holds one decision point (check_every_n_steps) and one log step
 ROWS = ("bare", "lightning", "reference", "lean reference", "train.py")
 GOAL = 1.25  # train.py / reference, the goal
@@ -192,7 +193,7 @@ def run_lightning(reference: bool, lean: bool) -> None:
 
     torch.manual_seed(0)
     chosen = setting()
-    callbacks: List[Callback] = [StepWindow()] + ([Callback() for _ in range(20)] if reference else [])
+    callbacks: List[Callback] = [StepWindow()] + ([Callback() for _ in range(DEFAULT_CALLBACKS)] if reference else [])
     if lean:
         from callbacks import LeanDispatch
 
