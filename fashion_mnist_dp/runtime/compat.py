@@ -53,7 +53,8 @@ def _accesses(trainer: Trainer) -> list:
          "register_signal_handlers", _takes()),
         (True, "a stop between accumulated batches", loop.epoch_loop, "_should_accumulate", _takes()),
         (True, "exact resume", loop, "_data_fetcher", None),
-        (True, "the user's flags over a checkpoint's settings", LightningCLI, "_parse_ckpt_path", _takes("self")),
+        (True, "the user's flags over a checkpoint's settings", only(  # added in 2.5.5: before, no merge to turn off
+            Version(lightning.__version__) >= Version("2.5.5"), LightningCLI), "_parse_ckpt_path", _takes("self")),
         (True, "a failed rank's exit code", only(launcher is not None, launcher), "procs",
          lambda procs: isinstance(procs, list)),
         (True, "fsdp's mesh of every rank", only(fsdp, strategy), "_data_parallel_size", None),
