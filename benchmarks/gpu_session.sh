@@ -21,7 +21,9 @@
 # and, when a GPU is lent again:
 #   bash benchmarks/gpu_session.sh compile   # 480 s: torch.compile (default, reduce-overhead) against eager, cnn and
 #                                            #   gpu_cnn, compile time in the first step, TORCH_LOGS=recompiles
-#   bash benchmarks/gpu_session.sh record    # 480 s: configs/recipes/fast_gpu.yaml, 3 seeds (goal: 94 % in <= 2 s)
+#   bash benchmarks/gpu_session.sh record    # 480 s: configs/recipes/fast_gpu.yaml, 5 seeds (goal: 94 % in <= 2 s)
+#   bash benchmarks/gpu_session.sh staged    # 480 s: the same with the CPU record's network (staged_cnn), 5 seeds:
+#                                            #   whether record_cpu.yaml's family carries over to the GPU
 #   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
@@ -60,8 +62,10 @@ for stage in "${@:-tests}"; do
                          | grep -E "First training step|Epoch|[Rr]ecompil" \
                          | sed "s/^/$network compile=$mode: /" | tee -a "$out/compile.txt"
                  done; done ;;
-        record) limit 470 python3 -m benchmarks.recipe_runs configs/recipes/fast_gpu.yaml --runs 3 2>&1 \
+        record) limit 470 python3 -m benchmarks.recipe_runs configs/recipes/fast_gpu.yaml --runs 5 2>&1 \
                     | tee "$out/record.txt" ;;
+        staged) limit 470 python3 -m benchmarks.recipe_runs configs/recipes/fast_gpu.yaml --runs 5 -- \
+                    --model.network lightning_modules.networks.StagedCNN 2>&1 | tee "$out/staged.txt" ;;
         tests) limit 120 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py \
                    tests/unit/test_step_time.py \
                    tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
@@ -77,7 +81,7 @@ for stage in "${@:-tests}"; do
                  --on="--trainer.callbacks+=callbacks.WeightEMA" \
                  --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
                  2>&1 | tee "$out/ema.txt" ;;
-        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record, cost," \
-                "cost16 or ema" >&2; exit 2 ;;
+        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record, staged," \
+                "cost, cost16 or ema" >&2; exit 2 ;;
     esac
 done

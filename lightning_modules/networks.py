@@ -2,7 +2,10 @@
 (``model.network: {class_path: lightning_modules.networks.FastCNN}``); any other ``nn.Module`` works the same way.
 The short names of ``--network`` are fashion_mnist_dp/cli/shorthand.py's table."""
 
+from typing import Sequence, Tuple
+
 import torch
+from jsonargparse.typing import PositiveInt
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
@@ -51,6 +54,27 @@ class FastCNN(nn.Sequential):
             nn.ReLU(inplace=True),
             nn.Linear(128, num_classes),
         )
+
+
+class StagedCNN(nn.Sequential):
+    """``staged_cnn``, the CPU record's network (configs/recipes/record_cpu.yaml): VGG's stages (3×3 conv-BN-ReLU
+    layers, the map halved by a 2×2 max-pool after each stage) with FastCNN's order in each stage's last layer (conv,
+    pool, then batch-norm and ReLU on a quarter of the pixels), global max pooling and one linear layer. ``stages``:
+    (width, convolutions) per stage. Of those tried on held-out images, four narrow stages down to 1×1, one
+    convolution at full size, were the fastest to 94 %: depth is cheap where the map is small (docs/benchmarks.md,
+    "The 94 % CPU record")."""
+
+    def __init__(self, num_classes: int = 10, stages: Sequence[Tuple[PositiveInt, PositiveInt]] = (
+            (16, 1), (32, 2), (64, 2), (128, 2))) -> None:
+        layers, c_in = [], 1
+        for width, convs in stages:
+            for _ in range(convs - 1):
+                layers.append(_cbr(c_in, width))
+                c_in = width
+            conv, norm, relu = _cbr(c_in, width)
+            layers.append(nn.Sequential(conv, nn.MaxPool2d(2), norm, relu))
+            c_in = width
+        super().__init__(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes))
 
 
 class GpuCNN(nn.Sequential):

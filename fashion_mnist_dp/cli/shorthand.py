@@ -39,6 +39,7 @@ CLASS_NAMES: Dict[str, Dict[str, str]] = {
     "--model.network": {
         "cnn": "lightning_modules.networks.SmallCNN",
         "fast_cnn": "lightning_modules.networks.FastCNN",
+        "staged_cnn": "lightning_modules.networks.StagedCNN",
         "gpu_cnn": "lightning_modules.networks.GpuCNN",
         "mlp": "lightning_modules.networks.MLP",
         "wrn": "lightning_modules.networks.WideResNet",

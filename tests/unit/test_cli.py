@@ -97,7 +97,7 @@ BAD_VALUES = [
     (["--lr", "nan"], "--lr must be a number > 0"),
     (["--lr", "inf"], "--lr must be a number > 0"),
     (["--optimizer", "adam"], "unknown optimizer 'adam': choose one of sgd, adamw, novograd, lamb, lars, or give a class path"),
-    (["--network", "vgg"], "unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, resnet18"),
+    (["--network", "vgg"], "unknown network 'vgg': choose one of cnn, fast_cnn, staged_cnn, gpu_cnn, mlp, wrn, resnet18"),
     (["--lr_scaling", "cubic"], "model.lr_policy.scaling"),
     (["--warmup_epochs", "-1"], "model.lr_policy.warmup_epochs"),
     (["--seed", "abc"], "seed_everything"),

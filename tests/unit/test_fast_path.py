@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch import nn
 from lightning.pytorch.plugins.precision import Precision
 
 from datamodules.augment import (
@@ -12,7 +13,7 @@ from datamodules.augment import (
     random_horizontal_flip,
 )
 from datamodules.fashion_mnist import FashionMNISTDataModule
-from lightning_modules.networks import FastCNN, GpuCNN, SmallCNN
+from lightning_modules.networks import FastCNN, GpuCNN, SmallCNN, StagedCNN
 from tests.unit.conftest import classifier
 
 
@@ -161,6 +162,19 @@ def test_fast_cnn_does_an_eighth_of_the_cnn_work_per_image():
     assert fast.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
     assert multiply_adds(fast) == pytest.approx(2.3e6, rel=0.03)
     assert multiply_adds(fast) < multiply_adds(cnn) / 8
+
+
+def test_staged_cnn_is_built_from_its_stages_four_by_default_at_under_half_the_cnn_work():
+    """record_cpu.yaml's network: (width, convolutions) per stage, each stage halving the map; 7.5 M multiply-adds."""
+    record = StagedCNN()
+    assert record.eval()(torch.zeros(3, 1, 28, 28)).shape == (3, 10)
+    assert multiply_adds(record) == pytest.approx(7.52e6, rel=0.01)
+    assert multiply_adds(record) < multiply_adds(SmallCNN()) / 2
+    convs = [m for m in record.modules() if isinstance(m, nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [16, 32, 32, 64, 64, 128, 128]
+    other = StagedCNN(stages=[(8, 1), (24, 3)])
+    assert [c.out_channels for c in other.modules() if isinstance(c, nn.Conv2d)] == [8, 24, 24, 24]
+    assert other[-1].in_features == 24 and other.eval()(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
 
 
 def test_gpu_cnn_spends_six_times_the_cnn_work_on_width():

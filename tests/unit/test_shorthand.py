@@ -28,7 +28,7 @@ def test_short_names_stand_for_class_paths_and_unknown_ones_name_the_choices():
         "fit", "--model.network", "lightning_modules.networks.FastCNN", "--model.optimizer", "torch_optimizer.Lamb",
         "--model.optimizer.init_args.lr", KNOWN_GOOD_LR["lamb"]]
     assert expand_args(["--network=my_package.Net"]) == ["fit", "--model.network", "my_package.Net"]
-    with pytest.raises(ConfigError, match="unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, wrn, "
+    with pytest.raises(ConfigError, match="unknown network 'vgg': choose one of cnn, fast_cnn, staged_cnn, gpu_cnn, mlp, wrn, "
                                              "resnet18, or give a class path"):
         expand_args(["--network", "vgg"])
 
