@@ -1,7 +1,9 @@
 """The CPU record's ablation: the recipe, then each of its choices removed in turn, on images held out of the
 training set (the test split is never read), seeds 42, 43, ... with the variants alternating within each seed.
 
-    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.ablation [configs/recipes/record_cpu.yaml] [--runs 3]
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.ablation [RECIPE] [--runs 3]
+
+RECIPE: configs/recipes/record_cpu.yaml unless given.
 
 Prints one markdown table: held-out accuracy after the last epoch and training seconds (the epoch line's cumulative
 time), median (range) over the seeds, and each variant's median against the recipe's.
@@ -41,7 +43,8 @@ def main(argv=None) -> None:
                       run=lambda name, seed, extra: one_run(opts.recipe, seed, [*HELD_OUT, *WITHOUT[name]]))
     base_acc = statistics.median(r["val_acc"] for r in rows["the recipe"])
     base_s = statistics.median(r["train_s"] for r in rows["the recipe"])
-    print(f"\n{opts.recipe}, {opts.runs} seeds each (42-{41 + opts.runs}), 5,000 training images held out; {machine()}\n")
+    print(f"\n{opts.recipe}, {opts.runs} seeds each (42-{41 + opts.runs}), 5,000 training images held out; "
+          f"{machine()}\n")
     print(markdown_table(
         ["variant", "held-out accuracy", "Δ accuracy (points)", "training s", "× the recipe's time"],
         [[name, median_range([100 * r["val_acc"] for r in rs], ".2f"),

@@ -45,7 +45,8 @@ def plain_run(seed: int, timeout_s: float = 3600) -> dict:
     finished = subprocess.run([sys.executable, "-m", "benchmarks.plain_loop", "--seed", str(seed)], cwd=launch.REPO,
                               env=env, capture_output=True, text=True, timeout=timeout_s)
     if finished.returncode != 0:
-        raise SystemExit(f"benchmarks/plain_loop.py --seed {seed} exited {finished.returncode}:\n{finished.stderr[-3000:]}")
+        raise SystemExit(f"benchmarks/plain_loop.py --seed {seed} exited {finished.returncode}:\n"
+                         f"{finished.stderr[-3000:]}")
     result = json.loads(finished.stdout.strip().splitlines()[-1])
     return {**result, "val_acc": None, "wall_s": time.perf_counter() - started, "load": load}
 
@@ -75,7 +76,8 @@ def print_against_plain(recipe: str, rows, plain_rows) -> bool:
     print(markdown_table(
         ["seed", "plain loop s", "load", "plain test acc", "recipe s", "load", "recipe test acc", "recipe / plain"],
         [[str(r["seed"]), f"{p['train_s']:.1f}", f"{p['load']:.2f}", fraction(p["test_acc"]), f"{r['train_s']:.1f}",
-          f"{r['load']:.2f}", fraction(r["test_acc"]), f"{ratio:.2f}"] for r, p, ratio in zip(rows, plain_rows, ratios)]))
+          f"{r['load']:.2f}", fraction(r["test_acc"]), f"{ratio:.2f}"]
+         for r, p, ratio in zip(rows, plain_rows, ratios)]))
     within = all(ratio <= 1.0 for ratio in ratios)
     print(f"recipe test acc: median {statistics.median(r['test_acc'] for r in rows):.4f}; recipe / plain: median "
           f"{statistics.median(ratios):.2f}, max {max(ratios):.2f}; every run within the plain loop's time: "
