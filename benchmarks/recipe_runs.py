@@ -32,8 +32,7 @@ def one_run(recipe: str, seed: int, extra) -> dict:
     epochs = [e for e in record.epochs if e.cumulative_s is not None]
     return {"seed": seed, "epochs": len(epochs), "train_s": epochs[-1].cumulative_s,
             "images_per_sec": statistics.median(e.images_per_sec for e in epochs), "val_acc": epochs[-1].val_acc,
-            "test_acc": record.test.get("test/acc", float("nan")), "wall_s": wall, "load": load,
-            "first_step_s": record.latest.get("time/first_step_s", float("nan"))}
+            "test_acc": record.test.get("test/acc", float("nan")), "wall_s": wall, "load": load}
 
 
 def plain_run(seed: int, timeout_s: float = 3600) -> dict:
