@@ -19,7 +19,10 @@ from tests.cluster import recipes
 from tests.cluster.local_slurm import CRED_EXPIRE_S
 from tests.cluster.recipes import STEPS_PER_EPOCH, assert_same_weights, final_checkpoint, sbatch_script
 
-SEEDED = [*recipes.SEEDED, "--check_every_n_steps", "1"]  # a signal stops the run at the next step
+# a signal stops the run at the next step; a rank stuck (a peer that never joins, a lost collective) ends the job
+# with the product's own line within COLLECTIVE_TIMEOUT_S, inside the test's wait
+COLLECTIVE_TIMEOUT_S = 60
+SEEDED = [*recipes.SEEDED, "--check_every_n_steps", "1", "--collective_timeout", str(COLLECTIVE_TIMEOUT_S)]
 EPOCHS = 4
 JOB_TIMEOUT_S = 180 + CRED_EXPIRE_S  # a requeued job waits cred_expire + 1 s before it starts again
 FAILURE_BOUND_S = 60  # a failed task ends its whole step within this (issue 24; docs/running-on-clusters.md)
@@ -45,7 +48,10 @@ def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TI
             return info
         time.sleep(0.5)
     slurm.run("scancel", job_id)
+    out = Path(info.get("StdOut", "/nonexistent"))
+    job_output = out.read_text(errors="replace")[-4000:] if out.is_file() else f"(no {out})"
     raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout_s:.0f} s: {info}\n"
+                         f"--- the job's output:\n{job_output}\n{slurm.log_tail('slurmd')}\n"
                          f"{slurm.log_tail('slurmctld')}")
 
 
