@@ -11,6 +11,8 @@ import struct
 import subprocess
 from typing import Callable, List, Mapping, MutableMapping, Optional, Tuple
 
+SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
+
 
 def check_slurm_layout(environ: Mapping[str, str], want, nodes: int) -> Optional[str]:
     """Under srun, why the tasks SLURM started are not the ranks the Trainer expects (``want``: the parsed
@@ -88,7 +90,7 @@ def route_interface(target: str) -> Optional[str]:
         probe.connect((target, 9))
         for _, name in socket.if_nameindex():
             with contextlib.suppress(OSError):  # an interface without an IPv4 address
-                ifreq = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()))
+                ifreq = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()))
                 if socket.inet_ntoa(ifreq[20:24]) == probe.getsockname()[0]:
                     return name
     return None
