@@ -98,3 +98,22 @@ def test_a_download_fills_in_only_the_missing_files_uses_archives_at_hand_and_a_
         download_or_raise(str(empty), list(RAW_FILES), True, "http://127.0.0.1:9/")  # nothing listens there
     assert [path.name for path in raw_folder(str(empty)).parent.iterdir()] == ["raw"]
     assert list(raw_folder(str(empty)).iterdir()) == []
+
+
+def test_on_a_file_system_without_hard_links_the_files_are_renamed_into_place_and_none_is_replaced(
+        served, tmp_path, monkeypatch):
+    def no_hard_links(src, dst, **kwargs):
+        raise PermissionError(1, "Operation not permitted")  # what link() gives on a file system without them
+
+    monkeypatch.setattr(os, "link", no_hard_links)
+    shared = tmp_path / "shared"
+    raw = raw_folder(str(shared))
+    raw.mkdir(parents=True)
+    (raw / RAW_FILES[0]).write_bytes((source(served) / RAW_FILES[0]).read_bytes())
+    kept = os.stat(raw / RAW_FILES[0])
+    with Mirror(served, chunk_s=0) as mirror:
+        download_or_raise(str(shared), missing_files(str(shared)), True, mirror.url)
+    assert {name: (raw / name).read_bytes() for name in RAW_FILES} == \
+        {name: (source(served) / name).read_bytes() for name in RAW_FILES}
+    assert os.stat(raw / RAW_FILES[0]).st_ino == kept.st_ino  # the file already there was not replaced
+    assert sorted(path.name for path in raw.parent.iterdir()) == ["raw"]  # no private download folder left
