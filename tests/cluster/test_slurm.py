@@ -6,7 +6,10 @@ Each job trains the mlp on the tiny data with two tasks (gloo), seeded and deter
 epoch. Failure-to-exit times are printed (``-s`` shows them) for docs/running-on-clusters.md.
 """
 
+import contextlib
+import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,9 +50,15 @@ def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TI
         if info.get("JobState") in states:
             return info
         time.sleep(0.5)
+    for pid in running_in(Path(info.get("WorkDir", "/nonexistent"))):  # each rank's Python stacks into the job's
+        with contextlib.suppress(OSError):                             # output (PYTHONFAULTHANDLER: sbatch below)
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if Path(argv[0].decode()).name.startswith("python") and b"train.py" in b" ".join(argv):  # not srun
+                os.kill(pid, signal.SIGABRT)
+                time.sleep(1)
     slurm.run("scancel", job_id)
     out = Path(info.get("StdOut", "/nonexistent"))
-    job_output = out.read_text(errors="replace")[-4000:] if out.is_file() else f"(no {out})"
+    job_output = out.read_text(errors="replace")[-12000:] if out.is_file() else f"(no {out})"
     raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout_s:.0f} s: {info}\n"
                          f"--- the job's output:\n{job_output}\n{slurm.log_tail('slurmd')}\n"
                          f"{slurm.log_tail('slurmctld')}")
@@ -62,7 +71,7 @@ def sbatch(slurm, folder: Path, extra: List[str], **env: str) -> str:
     script = folder / "train.sbatch"
     script.write_text(sbatch_script(extra))
     result = slurm.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "slurm.out"),
-                       "--open-mode=append", str(script), env=clean_env(env))
+                       "--open-mode=append", str(script), env=clean_env({"PYTHONFAULTHANDLER": "1", **env}))
     assert result.returncode == 0, result.stderr
     return result.stdout.strip().split(";")[0]
 
