@@ -50,9 +50,12 @@ def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TI
         if info.get("JobState") in states:
             return info
         time.sleep(0.5)
+    left = []
     for pid in running_in(Path(info.get("WorkDir", "/nonexistent"))):  # each rank's Python stacks into the job's
         with contextlib.suppress(OSError):                             # output (PYTHONFAULTHANDLER: sbatch below)
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            left.append(f"{pid} (parent {Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[1]}): "
+                        f"{b' '.join(argv).decode(errors='replace')[:300]}")
             if Path(argv[0].decode()).name.startswith("python") and b"train.py" in b" ".join(argv):  # not srun
                 os.kill(pid, signal.SIGABRT)
                 time.sleep(1)
@@ -60,7 +63,8 @@ def wait_job(slurm, job_id: str, states=("COMPLETED", "FAILED", "CANCELLED", "TI
     out = Path(info.get("StdOut", "/nonexistent"))
     job_output = out.read_text(errors="replace")[-12000:] if out.is_file() else f"(no {out})"
     raise AssertionError(f"job {job_id} still {info.get('JobState')} after {timeout_s:.0f} s: {info}\n"
-                         f"--- the job's output:\n{job_output}\n{slurm.log_tail('slurmd')}\n"
+                         f"--- its processes:\n" + "\n".join(left) + f"\n--- the job's output:\n{job_output}\n"
+                         f"{slurm.log_tail('slurmd')}\n"
                          f"{slurm.log_tail('slurmctld')}")
 
 
