@@ -24,7 +24,6 @@ Any mistake ends with one line on stderr and an exit code (README, "Exit codes")
 
 import os
 import signal
-import sys
 
 from fashion_mnist_dp.exit_codes import ExitCode  # imports nothing heavy
 
@@ -33,7 +32,7 @@ if os.environ.get("SLURM_STEP_NUM_TASKS", "1") != "1":
     # signal does) listens, a task still importing ends at once too, with the same code.
     signal.signal(signal.SIGUSR2, lambda signum, frame: os._exit(int(ExitCode.PEER_FAILED)))
 
-from fashion_mnist_dp.cli.app import main  # noqa: E402
+from fashion_mnist_dp.cli.app import main, run  # noqa: E402, F401 (main: in-process callers)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

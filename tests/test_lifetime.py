@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import launch
 from benchmarks.launch import (
     REPO,
     TRAIN_PY,
@@ -314,3 +315,31 @@ def test_main_destroys_the_process_group_it_made_before_the_interpreter_exits(wo
             "--test_after_fit", "false"]
     assert app.main(args) == 0
     assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.multiprocess
+def test_a_rank_with_peers_exits_with_its_code_after_its_atexit_handlers_and_output(tmp_path):
+    """``runtime.exit_process`` (train.py's end): each of 3 gloo ranks, rank 0 last, ends with the code given, its
+    atexit handler has run and its unflushed output is out, as a plain exit would have them."""
+    code = ("import atexit, sys, time, torch.distributed as dist\n"
+            "from fashion_mnist_dp.runtime import exit_process\n"
+            "dist.init_process_group('gloo')\n"
+            "rank = dist.get_rank()\n"
+            "atexit.register(lambda: open(sys.argv[1] + f'/atexit{rank}', 'w').close())\n"
+            "dist.barrier()\n"
+            "time.sleep(0.5 if rank == 0 else 0)\n"
+            "print(f'rank {rank} done', end='')\n"
+            "exit_process(40 + rank)\n")
+    ranks = launch.python_ranks(code, [tmp_path], 3, gloo=True)
+    outputs = launch.outputs(ranks, timeout_s=60)
+    assert [rank.returncode for rank in ranks] == [40, 41, 42]
+    assert outputs == ["rank 0 done", "rank 1 done", "rank 2 done"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["atexit0", "atexit1", "atexit2"]
+
+
+def test_without_a_process_group_exit_process_is_a_plain_exit():
+    from fashion_mnist_dp.runtime import exit_process
+
+    with pytest.raises(SystemExit) as exited:
+        exit_process(3)
+    assert exited.value.code == 3

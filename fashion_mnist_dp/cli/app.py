@@ -4,7 +4,7 @@ import dataclasses
 import sys
 from argparse import RawDescriptionHelpFormatter
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NoReturn, Optional, Sequence
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
@@ -212,3 +212,8 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     with runtime.guarded_process() as handlers:
         return failures.reported(lambda: _run(argv), rank=lambda: rank_zero_only.rank,
                                failed_alone=runtime.end_peer_tasks, exiting=handlers.exiting)
+
+
+def run() -> NoReturn:
+    """``python train.py`` and ``fashion-mnist-train``: :func:`main`, and the process ends with its code."""
+    runtime.exit_process(main())

@@ -1,12 +1,14 @@
 """Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
 torchrun's restarts: docs/reliability.md, "No hang"."""
 
+import atexit
 import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 from datetime import timedelta
-from typing import Mapping, Optional
+from typing import Mapping, NoReturn, Optional
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, StrategyRegistry
@@ -69,11 +71,26 @@ def data_worker_timeout(timeout: timedelta) -> float:
 
 
 def release_process_group() -> None:
-    """Destroy the default process group while the interpreter is whole: left to its exit, gloo's threads can abort the
-    process (exit -6; Lightning destroys it for NCCL only): docs/reliability.md, "No hang", pytorch/pytorch#190489."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
+    """Destroy the default process group of a run without peers (an in-process caller of ``main`` gets a clean state).
+    A group with peers stays up: :func:`exit_process` ends the rank without the interpreter's teardown."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() == 1:
         with contextlib.suppress(RuntimeError):  # on the way out after a fault: the exit code and its line stand
             torch.distributed.destroy_process_group()
+
+
+def exit_process(code: int) -> NoReturn:
+    """End train.py with ``code``. A rank whose process group has peers leaves with ``os._exit`` once the atexit
+    handlers have run and its output is flushed: gloo closes its connections in destructors that race the peers' own
+    exits, and either hang (torch 2.6: a rank stuck in destroy_process_group for minutes after its peer had left) or
+    abort the rank (exit -6, pytorch/pytorch#190489): docs/reliability.md, "No hang"."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        atexit._run_exitfuncs()  # what the interpreter's exit would run first (data workers, logging, ...)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def kill_data_workers() -> None:
