@@ -7,9 +7,9 @@ torch and Lightning against the newest (issue 52), the two interpreters taking t
 benchmarks.speed run once per environment gave ratios that moved 3-14 % between two runs of the same environment
 (docs/benchmarks.md), because the machine's speed drifts over minutes. Here each round runs a, b and c once under each
 interpreter (a fresh process each, an untimed bare loop first; the order of the interpreters, and of a, b, c,
-alternates round by round), each round's ratios come from
-measurements made within the same minute, and the medians over the rounds are compared. Both interpreters run this
-checkout's code (cwd first on ``sys.path``); only torch, Lightning and the other installed packages differ.
+alternates round by round), each round's ratios come from measurements made within the same minute, and the medians
+over the rounds are compared. Both interpreters run this checkout's code (cwd first on ``sys.path``); only torch,
+Lightning and the other installed packages differ.
 """
 
 import argparse
