@@ -32,6 +32,18 @@ def source(served: Path) -> Path:
     return raw_folder(str(served / "source"))
 
 
+def download_beside_one_file(served: Path, tmp_path: Path):
+    """A download into a folder that already holds the first file: (folder, its raw/, that file's stat, the mirror)."""
+    shared = tmp_path / "shared"
+    raw = raw_folder(str(shared))
+    raw.mkdir(parents=True)
+    (raw / RAW_FILES[0]).write_bytes((source(served) / RAW_FILES[0]).read_bytes())
+    kept = os.stat(raw / RAW_FILES[0])
+    with Mirror(served, chunk_s=0) as mirror:
+        download_or_raise(str(shared), missing_files(str(shared)), True, mirror.url)
+    return shared, raw, kept, mirror
+
+
 def test_preparers_that_download_into_one_folder_at_once_leave_the_same_checked_files_and_no_half_written_one(
         served, tmp_path):
     shared = tmp_path / "shared"
@@ -78,13 +90,7 @@ def test_preparers_that_download_into_one_folder_at_once_leave_the_same_checked_
 
 def test_a_download_fills_in_only_the_missing_files_uses_archives_at_hand_and_a_failed_one_leaves_nothing(
         served, tmp_path):
-    shared = tmp_path / "shared"
-    raw = raw_folder(str(shared))
-    raw.mkdir(parents=True)
-    (raw / RAW_FILES[0]).write_bytes((source(served) / RAW_FILES[0]).read_bytes())
-    kept = os.stat(raw / RAW_FILES[0])
-    with Mirror(served, chunk_s=0) as mirror:
-        download_or_raise(str(shared), missing_files(str(shared)), True, mirror.url)
+    shared, raw, kept, mirror = download_beside_one_file(served, tmp_path)
     assert [d["file"] for d in mirror.downloads] == [name for name, _ in FashionMNIST.resources]
     assert missing_files(str(shared)) == [] and os.stat(raw / RAW_FILES[0]).st_ino == kept.st_ino  # not replaced
     offline = raw_folder(str(tmp_path / "offline"))  # torchvision's archives put there by hand: used, not fetched
@@ -106,13 +112,7 @@ def test_on_a_file_system_without_hard_links_the_files_are_renamed_into_place_an
         raise PermissionError(1, "Operation not permitted")  # what link() gives on a file system without them
 
     monkeypatch.setattr(os, "link", no_hard_links)
-    shared = tmp_path / "shared"
-    raw = raw_folder(str(shared))
-    raw.mkdir(parents=True)
-    (raw / RAW_FILES[0]).write_bytes((source(served) / RAW_FILES[0]).read_bytes())
-    kept = os.stat(raw / RAW_FILES[0])
-    with Mirror(served, chunk_s=0) as mirror:
-        download_or_raise(str(shared), missing_files(str(shared)), True, mirror.url)
+    shared, raw, kept, mirror = download_beside_one_file(served, tmp_path)
     assert {name: (raw / name).read_bytes() for name in RAW_FILES} == \
         {name: (source(served) / name).read_bytes() for name in RAW_FILES}
     assert os.stat(raw / RAW_FILES[0]).st_ino == kept.st_ino  # the file already there was not replaced
