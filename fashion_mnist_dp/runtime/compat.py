@@ -3,6 +3,7 @@ or torch's FSDP2 and SummaryWriter), and nothing else. Each is checked where it 
 ends a run whose guarantee depends on it in one line, or turns off the optimisation it serves, and the start block
 says so (docs/reliability.md); tests/unit/test_compat.py checks them against the installed versions."""
 
+import atexit
 import importlib
 import inspect
 from datetime import timedelta
@@ -262,3 +263,9 @@ class CheckpointHparamsOurs(LightningCLI):
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
     """Without ``_instantiator``: LightningCLI stores it in hparams; not a hyperparameter."""
     return {key: value for key, value in params.items() if key != "_instantiator"}
+
+
+def run_exit_handlers() -> None:
+    """Run the atexit handlers now, as the interpreter's exit would first: for a rank that then leaves with
+    ``os._exit`` (lifetime.exit_process): CPython's private ``atexit._run_exitfuncs``."""
+    atexit._run_exitfuncs()

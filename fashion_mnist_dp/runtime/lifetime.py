@@ -1,7 +1,6 @@
 """Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
 torchrun's restarts: docs/reliability.md, "No hang"."""
 
-import atexit
 import contextlib
 import multiprocessing
 import os
@@ -12,6 +11,8 @@ from typing import Mapping, NoReturn, Optional
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, StrategyRegistry
+
+from fashion_mnist_dp.runtime import compat
 
 TIMEOUT_ENV = "FASHION_MNIST_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
@@ -85,7 +86,7 @@ def exit_process(code: int) -> NoReturn:
     exits, and either hang (torch 2.6: a rank stuck in destroy_process_group for minutes after its peer had left) or
     abort the rank (exit -6, pytorch/pytorch#190489): docs/reliability.md, "No hang"."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        atexit._run_exitfuncs()  # what the interpreter's exit would run first (data workers, logging, ...)
+        compat.run_exit_handlers()  # what the interpreter's exit would run first (data workers, logging...)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
