@@ -31,6 +31,7 @@ def one_run(recipe: str, seed: int, extra) -> dict:
     wall = time.perf_counter() - started
     epochs = [e for e in record.epochs if e.cumulative_s is not None]
     return {"seed": seed, "epochs": len(epochs), "train_s": epochs[-1].cumulative_s,
+            "first_step_s": record.latest.get("time/first_step_s", float("nan")),
             "images_per_sec": statistics.median(e.images_per_sec for e in epochs), "val_acc": epochs[-1].val_acc,
             "test_acc": record.test.get("test/acc", float("nan")), "wall_s": wall, "load": load}
 
@@ -60,12 +61,15 @@ def fraction(value) -> str:
 
 def print_table(recipe: str, extra, rows) -> None:
     print(f"\n{recipe} {' '.join(extra)}; {machine()}\n")
-    print(markdown_table(["seed", "epochs", "training s", "images/sec", "test acc", "wall s", "load"], [
-        [str(r["seed"]), str(r["epochs"]), f"{r['train_s']:.1f}", f"{r['images_per_sec']:.0f}", fraction(r["test_acc"]),
-         f"{r['wall_s']:.0f}", f"{r['load']:.2f}"] for r in rows]))
-    for key in ("train_s", "test_acc"):
-        values = [r[key] for r in rows]
-        print(f"{key}: median {statistics.median(values):.4g}, range {min(values):.4g}-{max(values):.4g}")
+    print(markdown_table(["seed", "epochs", "training s", "first step s", "images/sec", "test acc", "wall s", "load"], [
+        [str(r["seed"]), str(r["epochs"]), f"{r['train_s']:.2f}", f"{r.get('first_step_s', float('nan')):.2f}",
+         f"{r['images_per_sec']:.0f}", fraction(r["test_acc"]), f"{r['wall_s']:.0f}", f"{r['load']:.2f}"]
+        for r in rows]))
+    less_first = [r["train_s"] - r["first_step_s"] for r in rows if "first_step_s" in r]  # compilation apart
+    for key, values in (("train_s", [r["train_s"] for r in rows]), ("train_s less the first step", less_first),
+                        ("test_acc", [r["test_acc"] for r in rows])):
+        if values:
+            print(f"{key}: median {statistics.median(values):.4g}, range {min(values):.4g}-{max(values):.4g}")
 
 
 def print_against_plain(recipe: str, rows, plain_rows) -> bool:
@@ -84,16 +88,17 @@ def print_against_plain(recipe: str, rows, plain_rows) -> bool:
     return within
 
 
-def run_series(recipes, runs: int, extra, run=None) -> dict:
-    """Seeds 42, 43, ... of every recipe, the recipes alternating within each seed (A 42, B 42, A 43, ...): a
-    slow spell of the machine falls on both sides of a comparison, not on one."""
+def run_series(recipes, runs: int, extra, run=None, first_seed: int = 42) -> dict:
+    """Seeds ``first_seed``, +1, ... of every recipe, the recipes alternating within each seed (A 42, B 42, A 43, ...):
+    a slow spell of the machine falls on both sides of a comparison, not on one."""
     run = run or one_run
     rows = {recipe: [] for recipe in recipes}
     for i in range(runs):
         for recipe in recipes:
-            r = run(recipe, 42 + i, extra)
+            r = run(recipe, first_seed + i, extra)
             rows[recipe].append(r)
-            print(f"{Path(recipe).name} seed {r['seed']}: {r['epochs']} epochs, training {r['train_s']:.1f} s, "
+            print(f"{Path(recipe).name} seed {r['seed']}: {r['epochs']} epochs, training {r['train_s']:.2f} s (first "
+                  f"step {r.get('first_step_s', float('nan')):.2f} s), "
                   f"{r['images_per_sec']:.0f} img/s, val acc {fraction(r['val_acc'])}, test acc "
                   f"{fraction(r['test_acc'])}, wall {r['wall_s']:.0f} s, load {r.get('load', float('nan')):.2f}",
                   flush=True)
@@ -109,6 +114,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=42, help="seeds FIRST, FIRST+1, ... (a series continued)")
     comparison = parser.add_mutually_exclusive_group()
     comparison.add_argument("--against", metavar="BASELINE_RECIPE",
                             help="also run this recipe, alternating with RECIPE seed by seed, and print the ratio of "
@@ -121,7 +127,7 @@ def main(argv=None) -> None:
     opts.extra = [flag for flag in extra if flag != "--"]
     baseline = PLAIN if opts.against_plain else opts.against
     recipes = [baseline, opts.recipe] if baseline else [opts.recipe]
-    rows = run_series(recipes, opts.runs, opts.extra, run=run_with_plain)
+    rows = run_series(recipes, opts.runs, opts.extra, run=run_with_plain, first_seed=opts.first_seed)
     for recipe in recipes:
         print_table(recipe, [] if recipe == PLAIN else opts.extra, rows[recipe])
     if opts.against:

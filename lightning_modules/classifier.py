@@ -185,9 +185,12 @@ class FashionMNISTClassifier(LightningModule):
             self._loss_logged_at = step  # accumulated micro-batches of this step log again
 
     def evaluation_logits(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits for evaluation: with ``flip_test_time``, the mean over each image and its mirror image."""
-        logits = self(images)
-        return (logits + self(images.flip(-1))) / 2 if self.flip_test_time else logits
+        """Logits for evaluation: with ``flip_test_time``, the mean over each image and its mirror image, both in one
+        forward (under CUDA graphs, ``compile: reduce-overhead``, a second call would overwrite the first's output)."""
+        if not self.flip_test_time:
+            return self(images)
+        both = self(torch.cat((images, images.flip(-1))))
+        return (both[:len(images)] + both[len(images):]) / 2
 
     def _evaluate(self, batch, accuracy: MulticlassAccuracy, mean_loss: MeanMetric, stage: str) -> torch.Tensor:
         images, targets = batch

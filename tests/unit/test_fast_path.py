@@ -152,7 +152,10 @@ def test_flip_test_time_averages_the_logits_of_an_image_and_its_mirror():
     tta.load_state_dict(plain.state_dict())
     images = torch.randn(4, 1, 28, 28)
     expected = (plain(images) + plain(images.flip(-1))) / 2
+    calls = []
+    tta.net.register_forward_hook(lambda net, inputs, output: calls.append(len(inputs[0])))
     torch.testing.assert_close(tta.evaluation_logits(images), expected)
+    assert calls == [8], "image and mirror in one forward: CUDA graphs overwrite a first call's output with a second's"
     torch.testing.assert_close(tta(images), plain(images)), "training forward is unchanged"
     assert not torch.allclose(plain.evaluation_logits(images), expected)
 
