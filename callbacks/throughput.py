@@ -137,15 +137,12 @@ class ThroughputReport(Callback):
         the parts are scaled to all of them; the line and ``time/sampled_every`` say so. CPU ranks time every batch."""
         if gpu_sample_every < 1:
             raise MisconfigurationException(f"gpu_sample_every must be >= 1, got {gpu_sample_every}")
-        self.breakdown = breakdown
-        self.gpu_sample_every = gpu_sample_every
-        self.every = check_every_n_steps
+        self.breakdown, self.gpu_sample_every, self.every = breakdown, gpu_sample_every, check_every_n_steps
         self.timer: Optional[StepTimer] = None  # set at setup when the breakdown runs
         self.clock = EpochClock()
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
-        self._validated = False  # since the epoch's line
-        self._val_images = 0  # this rank's, in the last validation
+        self._validated, self._val_images = False, 0  # since the epoch's line; this rank's, in the last validation
         # optimizer steps of this fit; a window ends where Lightning writes its logs (-1: not on this rank, no logger)
         self._steps, self._window_every, self._window_end = 0, 0, -1
         self._windows = Throughput(window_size=2)  # rank 0's rate over the last window, × the world size
@@ -240,10 +237,14 @@ class ThroughputReport(Callback):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sync(trainer)
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:  # val/acc's band at its step (review page)
+            self._validated = True  # the images summed over the ranks: a collective at a decision point
+            here = torch.tensor(float(self._val_images), device=pl_module.device)
+            images = trainer.strategy.reduce(here, reduce_op="sum")
+            log_to_loggers(trainer, review_page.accuracy_band(trainer.callback_metrics.get("val/acc"), int(images)))
         self.clock.resume()
         if self.timer is not None:
             self.timer.resume_after_pause()
-        self._validated = self._validated or (trainer.state.fn == "fit" and not trainer.sanity_checking)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
@@ -253,20 +254,19 @@ class ThroughputReport(Callback):
         timer = self.timer
         parts = step_time.EpochParts(timer.take_epoch(), timer.marks, timer.sample_every,
                                      trainer.num_nodes == 1 and timer.clock.shared_by_ranks) if timer else None
-        rows = gather_rows(trainer, [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s, self._val_images,
+        rows = gather_rows(trainer, [mine.images, mine.seconds, mine.data_wait_s, mine.compute_s,
                                      *(parts.row() if parts else [])])
         figures = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                 getattr(trainer.strategy, "devices_per_process", 1), self.cumulative_s)
         self.cumulative_s = figures["time/cumulative_s"]
         breakdown = None
         if parts is not None:
-            breakdown, windows = parts.combine([row[5:] for row in rows], lambda values: gather_rows(trainer, values))
+            breakdown, windows = parts.combine([row[4:] for row in rows], lambda values: gather_rows(trainer, values))
             for window, result in windows:  # each window's figures at its decision step
                 log_to_loggers(trainer, step_time.window_metrics(result),
                                step=min((window + 1) * self.every, trainer.global_step) - 1)
         validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
         logged = trainer.callback_metrics if validated else {}
-        figures.update(review_page.accuracy_band(logged.get("val/acc"), int(sum(row[4] for row in rows))))
         log_to_loggers(trainer, {**(step_time.metrics(breakdown) if breakdown is not None else {}),
                                  "epoch": trainer.current_epoch, **figures})
         line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s,

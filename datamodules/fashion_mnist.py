@@ -173,10 +173,12 @@ class FashionMNISTDataModule(LightningDataModule):
             return trainer.strategy.root_device
         return torch.device("cpu")
 
-    def _loader(self, dataset: InMemoryImages, batch_size: int, sampler=None, loader_class=DataLoader) -> DataLoader:
+    def _loader(self, dataset: InMemoryImages, batch_size: int, sampler=None, loader_class=DataLoader,
+                **options) -> DataLoader:
         workers = dict(timeout=self.worker_timeout or 0, worker_init_fn=self._worker_init) if self.num_workers else {}
         return loader_class(
             dataset,
+            **options,
             batch_size=batch_size,
             sampler=sampler,
             num_workers=self.num_workers,
@@ -234,12 +236,15 @@ class FashionMNISTDataModule(LightningDataModule):
             self._resume_position = position
 
     def _eval_loader(self, split: InMemoryImages) -> DataLoader:
-        """Each image is evaluated exactly once, whatever the world size (no padded duplicates)."""
+        """Each image is evaluated exactly once, whatever the world size (no padded duplicates). Its own generator: a
+        DataLoader draws its workers' base seed from torch's global generator at every pass, which training's dropout
+        draws from too, so how often a run validates would change how it trains."""
         sampler = None
         world_size, rank = self._world()
         if world_size > 1:
             sampler = UnrepeatedDistributedSampler(split, num_replicas=world_size, rank=rank, shuffle=False)
-        return self._loader(split, self._process_batch(self.eval_batch_size), sampler=sampler)
+        return self._loader(split, self._process_batch(self.eval_batch_size), sampler=sampler,
+                            generator=torch.Generator())
 
     @property
     def validates_on_test_split(self) -> bool:

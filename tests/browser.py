@@ -9,11 +9,13 @@ or without Selenium (the ``dev`` extra) skips the browser test with the reason; 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +61,46 @@ return cards.map(card => {
     }
   }
   return {title: card.title, lines: lines};
+});
+"""
+
+
+# The SCALARS page (Polymer, the same line plots): its tag groups folded by default, opened by their heading button
+OPEN_GROUPS_JS = r"""
+function deep(root, selector, found) {
+  found = found || [];
+  root.querySelectorAll(selector).forEach(element => found.push(element));
+  root.querySelectorAll('*').forEach(element => { if (element.shadowRoot) deep(element.shadowRoot, selector, found); });
+  return found;
+}
+for (const pane of deep(document, 'tf-category-paginated-view')) {
+  const button = deep(pane.shadowRoot || pane, 'button.heading')[0];
+  if (!pane.opened && button && arguments[0].includes(pane.category && pane.category.name)) button.click();
+}
+"""
+SCALAR_CARDS_JS = CHARTS_JS.replace("'tf-custom-scalar-multi-line-chart-card, tf-custom-scalar-margin-chart-card'",
+                                    "'tf-scalar-card'").replace("title: card.title", "title: card.tag")
+# The TIME SERIES page (Angular) drawn as SVG (?forceSVG=true: WebGL's canvas has no points to read; the axis is
+# fitted by the same code): each card's smoothed line (the raw one beside it is at opacity 0.25) in its series box.
+TIME_SERIES_JS = r"""
+return [...document.querySelectorAll('scalar-card-component')].map(card => {
+  const title = (card.querySelector('tb-truncated-path') || {}).textContent || '';
+  const lines = [];
+  for (const svg of card.querySelectorAll('.series-view svg')) {
+    const box = svg.getBoundingClientRect();
+    for (const path of svg.querySelectorAll('path')) {
+      if (path.style.opacity !== '1') continue;
+      const matrix = path.getScreenCTM();
+      const points = [...(path.getAttribute('d') || '').matchAll(/([-\d.e+]+),([-\d.e+]+)/g)]
+        .map(m => new DOMPoint(+m[1], +m[2]).matrixTransform(matrix));
+      const inside = points.filter(p => p.x >= box.left - 0.5 && p.x <= box.right + 0.5 &&
+                                        p.y >= box.top - 0.5 && p.y <= box.bottom + 0.5);
+      lines.push({points: points.length, inside: inside.length,
+                  spread: inside.length ? Math.max(...inside.map(p => p.y)) - Math.min(...inside.map(p => p.y)) : 0,
+                  height: box.height});
+    }
+  }
+  return {title: title.trim(), lines: lines};
 });
 """
 
@@ -150,6 +192,55 @@ def drawn_charts(driver, url: str, timeout_s: float = 45) -> List[dict]:
             return found
         last = found
     return last or []
+
+
+def named_tags(url: str) -> List[str]:
+    """The served runs' tags that the served layout's charts name (a line's pattern, a margin chart's three tags)."""
+    def strings(value) -> Iterator[str]:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, (list, dict)):
+            for item in value.values() if isinstance(value, dict) else value:
+                yield from strings(item)
+
+    with urllib.request.urlopen(f"{url}/data/plugin/custom_scalars/layout", timeout=10) as answer:
+        patterns = [pattern for category in json.load(answer)["category"] for chart in category["chart"]
+                    for key, value in chart.items() if key != "title" for pattern in strings(value)]
+    with urllib.request.urlopen(f"{url}/data/plugin/scalars/tags", timeout=10) as answer:
+        tags = {tag for run in json.load(answer).values() for tag in run}
+    return sorted(tag for tag in tags if any(re.fullmatch(pattern, tag) for pattern in patterns))
+
+
+def _settled(driver, script: str, wanted: int, timeout_s: float, *args) -> List[dict]:
+    """``script``'s cards once ``wanted`` of them have lines and two readings a second apart agree."""
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        found = driver.execute_script(script, *args)
+        if len(found) >= wanted and all(card["lines"] for card in found) and found == last:
+            return found
+        last = found
+    return last or []
+
+
+def scalar_cards(driver, url: str, tags: List[str], timeout_s: float = 45) -> List[dict]:
+    """The SCALARS page's cards of ``tags`` (their groups opened), as :func:`drawn_charts` reads a chart."""
+    driver.get(f"{url}/#scalars")
+    time.sleep(2.0)
+    driver.execute_script(OPEN_GROUPS_JS, sorted({tag.split("/")[0] for tag in tags}))
+    cards = _settled(driver, SCALAR_CARDS_JS, len(tags), timeout_s)
+    return [card for card in cards if card["title"] in tags]
+
+
+def time_series_cards(driver, url: str, tags: List[str], timeout_s: float = 45) -> List[dict]:
+    """The TIME SERIES page's cards of ``tags``, a few at a time (the page draws only the cards in view)."""
+    found = []
+    for start in range(0, len(tags), 6):
+        chunk = tags[start:start + 6]
+        pattern = urllib.parse.quote("^(" + "|".join(chunk) + ")$")
+        driver.get(f"{url}/?forceSVG=true&tagFilter={pattern}#timeseries")
+        found += [card for card in _settled(driver, TIME_SERIES_JS, len(chunk), timeout_s) if card["title"] in chunk]
+    return found
 
 
 def main(argv=None) -> int:

@@ -27,14 +27,18 @@ from tests.mirror import served_resources
 class SampleRecorder(Callback):
     def __init__(self) -> None:
         self.train = {}  # epoch -> ids
-        self.val = {}
+        self.val = []  # one list of ids per validation (twice an epoch by default)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.train.setdefault(trainer.current_epoch, []).extend(sample_ids(batch[0]))
 
+    def on_validation_start(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            self.val.append([])
+
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
         if not trainer.sanity_checking:
-            self.val.setdefault(trainer.current_epoch, []).extend(sample_ids(batch[0]))
+            self.val[-1].extend(sample_ids(batch[0]))
 
     def on_fit_end(self, trainer, pl_module):
         self._write(trainer)
@@ -266,7 +270,8 @@ class SignalAt(Callback):
 
 class CountCollectives(Callback):
     """Counts the collectives Python code runs (torch.distributed's all_reduce, broadcast, barrier, all_gather...)
-    from one training batch's end to the next one's, within an epoch; each rank writes the counts to
+    from one training batch's end to the next one's, within an epoch, a validation's own left out (a validation is a
+    decision point: it agrees, and syncs its metrics); each rank writes the counts to
     ``$SAMPLE_RECORD_DIR/collectives<rank>.json`` after every batch. (ddp's gradient all-reduce is not counted: it
     is the training itself. It runs in C++, or, when the step-time breakdown times its buckets, as the asynchronous
     all_reduce of DDP's own allreduce hook: no collective of ours runs with ``async_op=True``.)"""
@@ -276,7 +281,7 @@ class CountCollectives(Callback):
              "broadcast_object_list", "reduce", "gather", "scatter", "reduce_scatter")
 
     def __init__(self) -> None:
-        self.calls = 0
+        self.calls = self._before_validation = 0
         self.counts = []
         self._epoch = None
 
@@ -294,6 +299,12 @@ class CountCollectives(Callback):
 
             counted.counted_by = self
             setattr(dist, name, counted)
+
+    def on_validation_start(self, trainer, pl_module):
+        self._before_validation = self.calls
+
+    def on_validation_end(self, trainer, pl_module):
+        self.calls = self._before_validation
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self._epoch == trainer.current_epoch:

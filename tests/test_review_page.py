@@ -23,16 +23,21 @@ def chromium_ready():
 def test_every_chart_of_the_review_page_draws_a_line_inside_its_plot_after_a_two_epoch_run(
         tmp_path, fashion_root, chromium_ready):
     """2 epochs of 16 steps, Lightning's logs every 2 steps, a decision point every 2: each chart has a line with two
-    or more points inside its plot area, spread over a tenth of its height or more (not drawn flat)."""
+    or more points inside its plot area, spread over a tenth of its height or more (not drawn flat); so has each tag
+    the page names on the SCALARS and TIME SERIES pages (validation twice an epoch: 4 points, of which the outlier
+    rule draws the inner 2)."""
     result = run_train(["--data_dir", str(fashion_root), "--epochs", "2", "--network", "mlp", "--batch_size", "16",
                         "--lr", "0.0005", "--trainer.log_every_n_steps", "2", "--check_every_n_steps", "2",
                         "--test_after_fit", "false"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     with browser.tensorboard(tmp_path / "runs") as url, browser.chromium() as driver:
-        titles = browser.layout_titles(url)
-        charts = browser.drawn_charts(driver, url)
-    assert sorted(card["title"] for card in charts) == sorted(titles), charts
+        titles, tags = browser.layout_titles(url), browser.named_tags(url)
+        pages = {"review page": browser.drawn_charts(driver, url), "SCALARS": browser.scalar_cards(driver, url, tags),
+                 "TIME SERIES": browser.time_series_cards(driver, url, tags)}
     assert "images/sec (all ranks)" in titles and "comm" not in titles  # one rank: nothing communicated
-    drawn = {card["title"]: any(line["inside"] >= 2 and line["spread"] >= line["height"] / 10
-                                for line in card["lines"]) for card in charts}
-    assert all(drawn.values()), [card for card in charts if not drawn[card["title"]]]
+    assert {"val/acc", "val/acc_low95", "val/loss", "throughput/window/images_per_sec"} <= set(tags)
+    for page, charts in pages.items():
+        assert sorted(card["title"] for card in charts) == sorted(titles if page == "review page" else tags), page
+        drawn = {card["title"]: any(line["inside"] >= 2 and line["spread"] >= line["height"] / 10
+                                    for line in card["lines"]) for card in charts}
+        assert all(drawn.values()), (page, [card for card in charts if not drawn[card["title"]]])

@@ -134,6 +134,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
         if warning and self.trainer.is_global_zero:
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
+        if self.subcommand == "fit":
+            compat.validate_after_every_epochs_last_batch(self.trainer)
         resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
         self.resumed = dataclasses.replace(self.resumed, checkpoint=None)  # handed to Lightning's restore
         if self.datamodule is not None:

@@ -26,6 +26,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 SUPPORTED = "Lightning 2.5.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
 DISPATCH, BATCH_HOOKS = "LeanDispatch's hook calls", "LeanDispatch's batch-hook owners asked once"
+EPOCH_END_CHECK = "a validation after every epoch's last batch"
 _UNUSED = object()  # an owner this run does not reach, or an attribute that is not there
 
 
@@ -68,6 +69,8 @@ def _accesses(trainer: Trainer) -> list:
         (False, BATCH_HOOKS, _reach(trainer, "_data_connector"), "_datahook_selector", None),
         (False, BATCH_HOOKS, hooks, "_valid_hooks", None),
         (False, BATCH_HOOKS, hooks, "get_instance", _takes("self", "hook_name")),
+        (False, EPOCH_END_CHECK, loop.epoch_loop, "_should_check_val_fx", _takes("data_fetcher")),
+        (False, EPOCH_END_CHECK, loop.epoch_loop, "_should_check_val_epoch", _takes()),
         (False, "Lightning's per-step SIGTERM broadcast off", only(  # added in 2.5.2
             Version(lightning.__version__) >= Version("2.5.2"), loop.epoch_loop), "_broadcast_sigterm_tensor",
          _takes()),
@@ -107,6 +110,18 @@ def disable_lightning_signal_handling(trainer: Trainer) -> None:
     trainer._signal_connector.register_signal_handlers = lambda: None
     if callable(getattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor", None)):  # Lightning >= 2.5.2
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+
+
+def validate_after_every_epochs_last_batch(trainer: Trainer) -> None:
+    """A fractional ``val_check_interval`` validates after every such share of an epoch's batches, and so after its
+    last batch only when their number divides (469 at 0.5: after batches 234 and 468): the last batch is a check too
+    here, so the epoch's line and its checkpoints hold the validation of its last weights."""
+    loop = trainer.fit_loop.epoch_loop
+    if EPOCH_END_CHECK in unfit(trainer) or trainer.check_val_every_n_epoch is None:  # None: every N batches, no epochs
+        return
+    decide = loop._should_check_val_fx
+    loop._should_check_val_fx = lambda data_fetcher: decide(data_fetcher) or (  # the same shape: checked again later
+        loop.batch_progress.is_last_batch and loop._should_check_val_epoch())
 
 
 def batch_limits_count_first(parser) -> None:

@@ -1,6 +1,7 @@
 """Fashion-MNIST files: where they are looked for, what a damaged file says, the held-out validation split, and how
 batches are served."""
 
+import csv
 import gzip
 import struct
 import time
@@ -191,3 +192,31 @@ def test_the_worker_guards_are_the_data_modules_own_arguments_given_to_its_loade
     assert capsys.readouterr().err.splitlines()[-1] == ("train.py: error: worker_init_fn 'os' is not an import path "
                                                         "of a function (package.module.function) (see python "
                                                         "train.py --help)")
+
+
+def test_how_often_a_run_validates_does_not_change_how_it_trains(workdir, fashion_root):
+    """cnn's dropout draws from torch's global generator, from which a DataLoader also draws at every pass: the
+    evaluation loaders have their own, so validating four times an epoch trains the same weights as once."""
+    weights = []
+    for run, validation in enumerate([["--trainer.num_sanity_val_steps", "0"],
+                                      ["--trainer.val_check_interval", "0.25"]]):
+        args = ["--data_dir", str(fashion_root), "--network", "cnn", "--epochs", "1", "--batch_size", "32",
+                "--test_after_fit", "false", "--trainer.default_root_dir", f"runs{run}", *validation]
+        assert main(args) == 0
+        last, = (workdir / f"runs{run}").rglob("last.ckpt")
+        weights.append(torch.load(last, weights_only=True)["state_dict"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+
+
+@pytest.mark.parametrize("interval, steps", [("0.5", [4, 9, 10]), ("1.0", [10])])
+def test_an_epoch_validates_after_its_last_batch_whatever_the_share_of_batches_between_validations(
+        workdir, fashion_root, interval, steps):
+    """256 images at 24 are 11 batches; at 0.5 Lightning validates after batches 5 and 10, and here also after the
+    11th, so the epoch's line and checkpoints hold the validation of its last weights (steps counted from 0)."""
+    args = ["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "1", "--batch_size", "24",
+            "--test_after_fit", "false", "--trainer.val_check_interval", interval]
+    assert main(args) == 0
+    metrics, = workdir.rglob("metrics.csv")
+    rows = [row for row in csv.DictReader(metrics.open()) if row.get("val/acc")]
+    assert [int(row["step"]) for row in rows] == steps
