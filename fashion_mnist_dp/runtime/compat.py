@@ -114,14 +114,23 @@ def disable_lightning_signal_handling(trainer: Trainer) -> None:
 
 def validate_after_every_epochs_last_batch(trainer: Trainer) -> None:
     """A fractional ``val_check_interval`` validates after every such share of an epoch's batches, and so after its
-    last batch only when their number divides (469 at 0.5: after batches 234 and 468): the last batch is a check too
-    here, so the epoch's line and its checkpoints hold the validation of its last weights."""
+    last batch only when their number divides (469 at 0.5: after batches 234 and 468). Here the last share ends with
+    the last batch (234 and 469), so the epoch's line and its checkpoints hold the validation of its last weights."""
     loop = trainer.fit_loop.epoch_loop
-    if EPOCH_END_CHECK in unfit(trainer) or trainer.check_val_every_n_epoch is None:  # None: every N batches, no epochs
+    if EPOCH_END_CHECK in unfit(trainer) or trainer.check_val_every_n_epoch is None:  # None: every N batches
         return
-    decide = loop._should_check_val_fx
-    loop._should_check_val_fx = lambda data_fetcher: decide(data_fetcher) or (  # the same shape: checked again later
-        loop.batch_progress.is_last_batch and loop._should_check_val_epoch())
+    lightning_says = loop._should_check_val_fx
+
+    def at_shares_and_the_last_batch(data_fetcher) -> bool:  # the same shape: checked again after this
+        share = trainer.val_check_batch  # set when fit starts; inf: an iterable without a length
+        if not isinstance(share, int):
+            return lightning_says(data_fetcher)
+        if loop.batch_progress.is_last_batch:
+            return lightning_says(data_fetcher) or loop._should_check_val_epoch()
+        last_share = loop.batch_idx + 1 + share > trainer.num_training_batches and not trainer.should_stop
+        return lightning_says(data_fetcher) and not last_share
+
+    loop._should_check_val_fx = at_shares_and_the_last_batch
 
 
 def batch_limits_count_first(parser) -> None:

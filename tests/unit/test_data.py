@@ -209,11 +209,12 @@ def test_how_often_a_run_validates_does_not_change_how_it_trains(workdir, fashio
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
 
 
-@pytest.mark.parametrize("interval, steps", [("0.5", [4, 9, 10]), ("1.0", [10])])
+@pytest.mark.parametrize("interval, steps", [("0.5", [4, 10]), ("1.0", [10])])
 def test_an_epoch_validates_after_its_last_batch_whatever_the_share_of_batches_between_validations(
         workdir, fashion_root, interval, steps):
-    """256 images at 24 are 11 batches; at 0.5 Lightning validates after batches 5 and 10, and here also after the
-    11th, so the epoch's line and checkpoints hold the validation of its last weights (steps counted from 0)."""
+    """256 images at 24 are 11 batches; at 0.5 Lightning validates after batches 5 and 10, here after 5 and 11 (the
+    last share ends with the last batch), so the epoch's line and checkpoints hold the validation of its last weights
+    (steps counted from 0)."""
     args = ["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "1", "--batch_size", "24",
             "--test_after_fit", "false", "--trainer.val_check_interval", interval]
     assert main(args) == 0
