@@ -31,74 +31,61 @@ REQUIRE_BROWSER = "FASHION_MNIST_REQUIRE_BROWSER"  # "1": a browser test that ca
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync")
 
-# Every chart card of the page: its title, and for each line its points and those inside the plot area (the line
-# plot's box: TensorBoard draws the smoothed line there, the raw one beside it as a faint "ghost", and a margin
-# chart's band as an area plot; only the line counts). Each point's place on the screen is the path's own matrix
-# applied to its coordinates.
-CHARTS_JS = r"""
+# Shared by the pages' scripts: ``deep`` finds elements inside shadow roots too; ``reading`` is what one drawn line
+# shows: its points, those inside the plot area ``box``, their vertical spread and the box's height. Each point's place
+# on the screen is the path's own matrix applied to its coordinates.
+_HELPERS_JS = r"""
 function deep(root, selector, found) {
   found = found || [];
   root.querySelectorAll(selector).forEach(element => found.push(element));
   root.querySelectorAll('*').forEach(element => { if (element.shadowRoot) deep(element.shadowRoot, selector, found); });
   return found;
 }
-const cards = deep(document, 'tf-custom-scalar-multi-line-chart-card, tf-custom-scalar-margin-chart-card');
-return cards.map(card => {
+function reading(path, box) {
+  const matrix = path.getScreenCTM();
+  const points = [...(path.getAttribute('d') || '').matchAll(/([-\d.e+]+),([-\d.e+]+)/g)]
+    .map(m => new DOMPoint(+m[1], +m[2]).matrixTransform(matrix));
+  const inside = points.filter(p => p.x >= box.left - 0.5 && p.x <= box.right + 0.5 &&
+                                    p.y >= box.top - 0.5 && p.y <= box.bottom + 0.5);
+  return {points: points.length, inside: inside.length,
+          spread: inside.length ? Math.max(...inside.map(p => p.y)) - Math.min(...inside.map(p => p.y)) : 0,
+          height: box.height};
+}
+"""
+# Every chart card of the review page (and, with another selector, of the SCALARS page): its title and its lines
+# (the line plot's box: TensorBoard draws the smoothed line there, the raw one beside it as a faint "ghost", and a
+# margin chart's band as an area plot; only the line counts).
+_CARDS_JS = _HELPERS_JS + r"""
+return deep(document, CARDS).map(card => {
   const plots = deep(card.shadowRoot || card, 'div.component.line-plot')
     .filter(plot => !plot.classList.contains('ghost') && !plot.classList.contains('area-plot'));
   const lines = [];
   for (const plot of plots) {
     const box = plot.getBoundingClientRect();
-    for (const path of plot.querySelectorAll('path.line')) {
-      const matrix = path.getScreenCTM();
-      const points = [...(path.getAttribute('d') || '').matchAll(/([-\d.e+]+),([-\d.e+]+)/g)]
-        .map(m => new DOMPoint(+m[1], +m[2]).matrixTransform(matrix));
-      const inside = points.filter(p => p.x >= box.left - 0.5 && p.x <= box.right + 0.5 &&
-                                        p.y >= box.top - 0.5 && p.y <= box.bottom + 0.5);
-      lines.push({points: points.length, inside: inside.length,
-                  spread: inside.length ? Math.max(...inside.map(p => p.y)) - Math.min(...inside.map(p => p.y)) : 0,
-                  height: box.height});
-    }
+    plot.querySelectorAll('path.line').forEach(path => lines.push(reading(path, box)));
   }
-  return {title: card.title, lines: lines};
+  return {title: card.TITLE, lines: lines};
 });
 """
-
-
+CHARTS_JS = _CARDS_JS.replace("CARDS", "'tf-custom-scalar-multi-line-chart-card, tf-custom-scalar-margin-chart-card'"
+                              ).replace("TITLE", "title")
+SCALAR_CARDS_JS = _CARDS_JS.replace("CARDS", "'tf-scalar-card'").replace("TITLE", "tag")
 # The SCALARS page (Polymer, the same line plots): its tag groups folded by default, opened by their heading button
-OPEN_GROUPS_JS = r"""
-function deep(root, selector, found) {
-  found = found || [];
-  root.querySelectorAll(selector).forEach(element => found.push(element));
-  root.querySelectorAll('*').forEach(element => { if (element.shadowRoot) deep(element.shadowRoot, selector, found); });
-  return found;
-}
+OPEN_GROUPS_JS = _HELPERS_JS + r"""
 for (const pane of deep(document, 'tf-category-paginated-view')) {
   const button = deep(pane.shadowRoot || pane, 'button.heading')[0];
   if (!pane.opened && button && arguments[0].includes(pane.category && pane.category.name)) button.click();
 }
 """
-SCALAR_CARDS_JS = CHARTS_JS.replace("'tf-custom-scalar-multi-line-chart-card, tf-custom-scalar-margin-chart-card'",
-                                    "'tf-scalar-card'").replace("title: card.title", "title: card.tag")
 # The TIME SERIES page (Angular) drawn as SVG (?forceSVG=true: WebGL's canvas has no points to read; the axis is
 # fitted by the same code): each card's smoothed line (the raw one beside it is at opacity 0.25) in its series box.
-TIME_SERIES_JS = r"""
+TIME_SERIES_JS = _HELPERS_JS + r"""
 return [...document.querySelectorAll('scalar-card-component')].map(card => {
   const title = (card.querySelector('tb-truncated-path') || {}).textContent || '';
   const lines = [];
   for (const svg of card.querySelectorAll('.series-view svg')) {
     const box = svg.getBoundingClientRect();
-    for (const path of svg.querySelectorAll('path')) {
-      if (path.style.opacity !== '1') continue;
-      const matrix = path.getScreenCTM();
-      const points = [...(path.getAttribute('d') || '').matchAll(/([-\d.e+]+),([-\d.e+]+)/g)]
-        .map(m => new DOMPoint(+m[1], +m[2]).matrixTransform(matrix));
-      const inside = points.filter(p => p.x >= box.left - 0.5 && p.x <= box.right + 0.5 &&
-                                        p.y >= box.top - 0.5 && p.y <= box.bottom + 0.5);
-      lines.push({points: points.length, inside: inside.length,
-                  spread: inside.length ? Math.max(...inside.map(p => p.y)) - Math.min(...inside.map(p => p.y)) : 0,
-                  height: box.height});
-    }
+    svg.querySelectorAll('path').forEach(path => { if (path.style.opacity === '1') lines.push(reading(path, box)); });
   }
   return {title: title.trim(), lines: lines};
 });
