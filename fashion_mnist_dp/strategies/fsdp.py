@@ -1,6 +1,7 @@
 """``--strategy fsdp``: FSDP2 (``fully_shard``) through Lightning's ModelParallelStrategy, on GPUs and on CPU over
 gloo, with full-weight checkpoints; NovoGrad refused: docs/strategies.md, "fsdp"."""
 
+import inspect
 from typing import Any, Optional
 
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -20,8 +21,12 @@ class FullyShardedStrategy(ModelParallelStrategy):
         super().__init__(**kwargs)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict:
-        """Always without code (``weights_only=True``), as runtime/checkpoint_io.py loads for every other strategy."""
-        return super().load_checkpoint(checkpoint_path, weights_only=True)
+        """Always without code (``weights_only=True``), as runtime/checkpoint_io.py loads for every other strategy.
+        Lightning before 2.6 takes no ``weights_only``: there the file is one this run wrote or the CLI has already
+        read without code (``--ckpt_path``: cli/app.py)."""
+        if "weights_only" in inspect.signature(ModelParallelStrategy.load_checkpoint).parameters:
+            return super().load_checkpoint(checkpoint_path, weights_only=True)
+        return super().load_checkpoint(checkpoint_path)
 
     def setup_environment(self) -> None:
         # One data-parallel mesh dimension of every rank (ModelParallelStrategy's "auto" is nodes × devices)

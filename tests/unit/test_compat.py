@@ -217,6 +217,30 @@ def test_fsdp_on_a_cpu_torch_cannot_run_it_on_ends_in_one_line_naming_the_versio
     assert "use --strategy ddp on CPU" in lines[0] and not (workdir / "runs").exists()
 
 
+@pytest.mark.parametrize("lightning_before_2_6", [False, True])
+def test_fsdp_loads_a_checkpoint_on_lightning_2_5_and_2_6(monkeypatch, lightning_before_2_6):
+    """Lightning 2.6's ModelParallelStrategy.load_checkpoint takes weights_only (given True); 2.5's takes no such
+    argument (fsdp's resume and its test of the best checkpoint ended in a TypeError there)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from fashion_mnist_dp.strategies.fsdp import FullyShardedStrategy
+
+    calls = []
+
+    def lightning_2_6(self, checkpoint_path, weights_only=None):
+        calls.append((checkpoint_path, weights_only))
+        return {"state_dict": {}}
+
+    def lightning_2_5(self, checkpoint_path):
+        calls.append((checkpoint_path, "no such argument"))
+        return {"state_dict": {}}
+
+    monkeypatch.setattr(ModelParallelStrategy, "load_checkpoint", lightning_2_5 if lightning_before_2_6 else
+                        lightning_2_6)
+    assert FullyShardedStrategy().load_checkpoint("best.ckpt") == {"state_dict": {}}
+    assert calls == [("best.ckpt", "no such argument" if lightning_before_2_6 else True)]
+
+
 def floors() -> dict:
     """setup.cfg's install_requires: package -> its lowest version."""
     setup = configparser.ConfigParser()
