@@ -2,7 +2,6 @@
 and exit 75 from torch's messages; docs/reliability.md, "No hang"."""
 
 import atexit
-import contextlib
 import re
 from typing import Optional
 
@@ -82,7 +81,4 @@ class JobFaults(Callback):
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         if trainer.world_size > 1:
             compat.no_checkpoint_on_exception(trainer)
-        children = compat.release_children(trainer)
-        if children:
-            with contextlib.suppress(AttributeError):
-                exception.children = children  # cli/failures.py's reported ends them after the line
+        exception.children = compat.release_children(trainer)  # cli/failures.py's reported ends them after the line
