@@ -31,9 +31,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def set_death_signal() -> bool:
-    """Ask Linux to SIGKILL this process when its parent dies; whether the request took."""
-    if not sys.platform.startswith("linux"):
-        return False
+    """Ask Linux to SIGKILL this process when its parent dies; whether the request took (elsewhere libc has no prctl:
+    AttributeError)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
