@@ -217,8 +217,6 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
 class Preemption(Participant):
     """Stops every rank at the same decision point after a signal, with a verified ``last.ckpt``."""
 
-    size = len(SIGNALS)
-
     def __init__(self) -> None:
         self.handlers = Handlers()  # until setup finds train.py's
 
@@ -241,11 +239,11 @@ class Preemption(Participant):
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         """Stop now, unless this point is inside a save, between two optimizer steps, or after the epoch's last batch
         but before its end; the flags stay set for the next point."""
-        flags = [any(row[i] for row in rows) for i in range(self.size)]
+        flags = [any(column) for column in zip(*rows)]  # per signal of SIGNALS: whether any rank received it
         if not any(flags) or point == BEFORE_SAVE or compat.between_optimizer_steps(trainer):
             return
         done, total = trainer.fit_loop.epoch_loop.batch_progress.current.processed, trainer.num_training_batches
-        if point != EPOCH_END and isinstance(total, int) and done >= total:
+        if point != EPOCH_END and done >= total:  # total: inf for a loader without a length
             return
         interrupted, terminated, usr1 = flags
         name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
