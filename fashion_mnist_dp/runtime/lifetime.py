@@ -34,13 +34,12 @@ def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optiona
     return timedelta(seconds=value)
 
 
-def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
+def set_collective_timeout(timeout: timedelta) -> timedelta:
     """Give every registered ddp/fsdp strategy name ``timeout`` (else torch's 30 min)."""
-    timeout = collective_timeout() if timeout is None else timeout
-    for entry in StrategyRegistry.values():
-        strategy = entry.get("strategy")
+    for entry in StrategyRegistry.values():  # each has its strategy (a class, or any callable) and init_params
+        strategy = entry["strategy"]
         if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
-            entry.setdefault("init_params", {})["timeout"] = timeout
+            entry["init_params"]["timeout"] = timeout
     return timeout
 
 
