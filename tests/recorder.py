@@ -427,8 +427,8 @@ class SigtermAt(Callback):
             save(*args, **kwargs)
             self._at("after_save")
 
-        def requeue_then_signal(job_id):
-            outcome = requeue(job_id)
+        def requeue_then_signal():
+            outcome = requeue()
             self._at("after_requeue")
             return outcome
 

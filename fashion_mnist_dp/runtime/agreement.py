@@ -22,10 +22,8 @@ class Participant(Callback):
     """A callback that decides with the other ranks: it contributes a fixed-length vector at every decision point and
     acts on every rank's vector. It must come before the :class:`Agreement` in ``trainer.callbacks``."""
 
-    size = 0  # length of the contribution, the same at every point
-
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
-        """A 1-D float32 tensor of ``size`` elements on ``pl_module.device`` (0: nothing to report)."""
+        """A 1-D float32 tensor on ``pl_module.device``, of the same length at every point (0: nothing to report)."""
         raise NotImplementedError
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
@@ -107,8 +105,6 @@ def check_order(callbacks: Sequence[Callback]) -> None:
 class TrainingLoss(Participant):
     """The training loss averaged over the steps since the last decision point and over every rank: on the host at
     each point, at no read of its own (the progress bar shows it); ``latest`` is None before the first point."""
-
-    size = 1
 
     def __init__(self) -> None:
         self.latest: Optional[float] = None

@@ -2,21 +2,14 @@
 and exit 75 from torch's messages; docs/reliability.md, "No hang"."""
 
 import atexit
-import contextlib
 import re
 from typing import Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from fashion_mnist_dp.runtime import compat
+from fashion_mnist_dp.runtime.errors import one_line
 from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers
-
-
-def _configured_timeout() -> str:
-    try:
-        return f"{configured_timeout().total_seconds():g}"
-    except ValueError:
-        return "?"
 
 
 BUSY = (" is already in use on this machine (another job, or a process left from one, listens on it): unset "
@@ -57,11 +50,12 @@ def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional
     """The one line (without ``train.py: error:``) for a fault of the job, or None for any other exception."""
     if not isinstance(error, RuntimeError):
         return None
-    text = " ".join(str(error).split())
+    text = one_line(error)
     for pattern, line in FAULTS:
         found = re.search(pattern, text)
         if found:
-            timeout = _configured_timeout()
+            configured = configured_timeout()
+            timeout = f"{configured.total_seconds():g}" if configured else "?"
             values = {"waited": timeout}
             for name, value in found.groupdict().items():
                 if value and name.endswith("_ms"):
@@ -87,7 +81,4 @@ class JobFaults(Callback):
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         if trainer.world_size > 1:
             compat.no_checkpoint_on_exception(trainer)
-        children = compat.release_children(trainer)
-        if children:
-            with contextlib.suppress(AttributeError):
-                exception.children = children  # cli/failures.py's reported ends them after the line
+        exception.children = compat.release_children(trainer)  # cli/failures.py's reported ends them after the line

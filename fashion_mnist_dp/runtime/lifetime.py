@@ -34,20 +34,22 @@ def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optiona
     return timedelta(seconds=value)
 
 
-def set_collective_timeout(timeout: Optional[timedelta] = None) -> timedelta:
+def set_collective_timeout(timeout: timedelta) -> timedelta:
     """Give every registered ddp/fsdp strategy name ``timeout`` (else torch's 30 min)."""
-    timeout = collective_timeout() if timeout is None else timeout
-    for entry in StrategyRegistry.values():
-        strategy = entry.get("strategy")
+    for entry in StrategyRegistry.values():  # each has its strategy (a class, or any callable) and init_params
+        strategy = entry["strategy"]
         if isinstance(strategy, type) and issubclass(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)):
-            entry.setdefault("init_params", {})["timeout"] = timeout
+            entry["init_params"]["timeout"] = timeout
     return timeout
 
 
-def configured_timeout() -> timedelta:
-    """The timeout this process gave the strategies (:func:`set_collective_timeout`), else the environment's."""
-    timeout = StrategyRegistry["ddp"].get("init_params", {}).get("timeout") if "ddp" in StrategyRegistry else None
-    return timeout if isinstance(timeout, timedelta) else collective_timeout()
+def configured_timeout() -> Optional[timedelta]:
+    """The timeout this process gave the strategies (:func:`set_collective_timeout`), else the environment's; None
+    when that is not a number of seconds > 0 (its own line says so)."""
+    try:  # Lightning registers ddp on import; only set_collective_timeout puts a timeout in its init_params
+        return StrategyRegistry["ddp"]["init_params"].get("timeout") or collective_timeout()
+    except ValueError:
+        return None
 
 
 def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:

@@ -31,9 +31,8 @@ PR_SET_PDEATHSIG = 1
 
 
 def set_death_signal() -> bool:
-    """Ask Linux to SIGKILL this process when its parent dies; whether the request took."""
-    if not sys.platform.startswith("linux"):
-        return False
+    """Ask Linux to SIGKILL this process when its parent dies; whether the request took (elsewhere libc has no prctl:
+    AttributeError)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
@@ -188,15 +187,13 @@ def _exit_outside_training(signum: int) -> None:
     os._exit(int(ExitCode.INTERRUPTED if interrupted else ExitCode.PREEMPTED))  # the ranks it started die with it
 
 
-def slurm_job_id(environ=os.environ) -> Optional[str]:
-    """``<array job>_<task>`` for an array task, else ``SLURM_JOB_ID``; None when absent or not a job id."""
+def requeue(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """``scontrol requeue`` of this SLURM job (``<array job>_<task>`` for an array task); what happened, for the one
+    line; None outside a job (or a job id that is not one)."""
     array_job, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
     job_id = f"{array_job}_{task}" if array_job and task else environ.get("SLURM_JOB_ID")
-    return job_id if job_id and re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id) else None
-
-
-def requeue(job_id: str) -> str:
-    """``scontrol requeue JOB_ID``; what happened, for the one line."""
+    if not job_id or not re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id):
+        return None
     try:
         result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
@@ -220,10 +217,7 @@ def last_checkpoint_path(trainer: Trainer) -> Path:
 class Preemption(Participant):
     """Stops every rank at the same decision point after a signal, with a verified ``last.ckpt``."""
 
-    size = len(SIGNALS)
-
     def __init__(self) -> None:
-        self._requeued = False
         self.handlers = Handlers()  # until setup finds train.py's
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -245,11 +239,11 @@ class Preemption(Participant):
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str, rows: List[List[float]]) -> None:
         """Stop now, unless this point is inside a save, between two optimizer steps, or after the epoch's last batch
         but before its end; the flags stay set for the next point."""
-        flags = [any(row[i] for row in rows) for i in range(self.size)]
+        flags = [any(column) for column in zip(*rows)]  # per signal of SIGNALS: whether any rank received it
         if not any(flags) or point == BEFORE_SAVE or compat.between_optimizer_steps(trainer):
             return
         done, total = trainer.fit_loop.epoch_loop.batch_progress.current.processed, trainer.num_training_batches
-        if point != EPOCH_END and isinstance(total, int) and done >= total:
+        if point != EPOCH_END and done >= total:  # total: inf for a loader without a length
             return
         interrupted, terminated, usr1 = flags
         name = "SIGUSR1" if usr1 else "SIGTERM" if terminated else "SIGINT (Ctrl-C)"
@@ -262,10 +256,9 @@ class Preemption(Participant):
             digest = verify(path)  # raises CheckpointError (exit 66) if it did not read back
             check = f"sha256 {digest[:12]}, {sidecar_path(path).name}" if digest else "no sha256 (remote path)"
             message += f": checkpoint saved and verified: {path} ({check}); resume with --ckpt_path last"
-            job_id = slurm_job_id()
-            if usr1 and job_id is not None and not self._requeued:
-                self._requeued = True
-                message += f"; {requeue(job_id)}"
+            requeued = requeue() if usr1 else None
+            if requeued:
+                message += f"; {requeued}"
         stop = Preempted(message, int(exit_code), rank=trainer.global_rank, children=compat.release_children(trainer))
         if trainer.is_global_zero:
             errors.print_line(stop)

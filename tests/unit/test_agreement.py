@@ -31,8 +31,6 @@ from tests.unit.conftest import tiny_fit
 
 
 class Recorder(Participant):
-    size = 1
-
     def __init__(self):
         self.points = []
 

@@ -75,7 +75,7 @@ def test_every_ddp_and_fsdp_strategy_name_gets_the_timeout(monkeypatch):
     register_strategies()
     monkeypatch.setenv(TIMEOUT_ENV, "20")
     try:
-        set_collective_timeout()
+        set_collective_timeout(collective_timeout())
         for name in ("ddp", "ddp_spawn", "fsdp", "fsdp_cpu"):
             assert StrategyRegistry.get(name)._timeout == timedelta(seconds=20), name
     finally:
