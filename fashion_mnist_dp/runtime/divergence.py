@@ -152,19 +152,17 @@ class DivergenceGuard(Participant):
             losses = torch.stack([loss.reshape(()) for loss in losses]).float()
         width = len(self._params)
         missing = [zero] * width
-        norms = torch.stack([n for _, _, row in window for n in (missing if row is None else row)]).float() \
-            if width else None
-        gradient_bad = (~torch.isfinite(norms)).view(len(window), width) if norms is not None else \
-            torch.zeros(len(window), 0, dtype=torch.bool, device=device)
+        # Each row's norms after a finite zero (a column, too, for a model without parameters): the first bad
+        # gradient's column, argmax, is its index + 1, and 0 (index -1) when there is none.
+        norms = torch.stack([n for _, _, row in window for n in (zero, *(missing if row is None else row))])
+        gradient_bad = (~torch.isfinite(norms.float())).view(len(window), 1 + width)
         loss_nan, loss_inf = torch.isnan(losses), torch.isinf(losses)
         row_bad = loss_nan | loss_inf | gradient_bad.any(dim=1)
         first_row = row_bad.int().argmax()
         steps = torch.tensor([float(step) for step, _, _ in window], device=device)
-        any_gradient = gradient_bad[first_row].any() if width else torch.zeros((), dtype=torch.bool, device=device)
-        gradient_index = torch.where(any_gradient, gradient_bad[first_row].int().argmax(), -1) if width else \
-            torch.full((), -1, device=device)
+        gradient_index = gradient_bad[first_row].int().argmax() - 1
         now = torch.stack([steps[first_row], loss_nan[first_row].float(), loss_inf[first_row].float(),
-                           any_gradient.float(), gradient_index.float()])
+                           (gradient_index >= 0).float(), gradient_index.float()])
         new = (self._first[0] < 0) & row_bad.any()
         self._first = torch.where(new, now, self._first)
 
