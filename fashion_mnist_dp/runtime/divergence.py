@@ -167,13 +167,12 @@ class DivergenceGuard(Participant):
         self._first = torch.where(new, now, self._first)
 
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
+        """At a point of fit (Agreement's), so after ``on_train_start``: ``_first`` is there."""
         device = pl_module.device
-        if self._first is not None:
-            self._fold_window(device)
+        self._fold_window(device)
         state = [p.detach() for p in self._params] + [getattr(module, name) for _, module, name in self._buffer_slots]
         weight_index = first_non_finite(state, device).float()
-        first = self._first if self._first is not None else torch.full((5,), NONE, device=device)
-        return torch.cat([first, weight_index.reshape(1), self._at_chance(trainer, pl_module, point).reshape(1)])
+        return torch.cat([self._first, weight_index.reshape(1), self._at_chance(trainer, pl_module, point).reshape(1)])
 
     def _at_chance(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         accuracy = trainer.callback_metrics.get(self.monitor) if point == VALIDATION else None
