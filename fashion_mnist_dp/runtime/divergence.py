@@ -206,14 +206,6 @@ class DivergenceGuard(Participant):
                     f"{trainer.current_epoch + 1} (optimizer step {now}), at chance (<= {self.chance_accuracy:g}) "
                     f"{self.epochs_after_warmup:g} epoch(s) after warm-up ended")
         compat.no_checkpoint_on_exception(trainer)
-        unsaved = []  # a write on the way out must not replace the stop: the line names it instead
-        if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
-            for logger in trainer.loggers:
-                logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)
-                try:
-                    getattr(logger, "write_now", logger.save)()  # MetricsCSV writes on a timer otherwise
-                except OSError as error:
-                    unsaved.append(f"{type(logger).__name__}'s record not written: {error.strerror or error}")
         rates, plan = getattr(pl_module, "learning_rates", None), getattr(pl_module, "batch_plan", None)
         lrs = (rates.base_lr, rates.scaled_lr) if rates is not None else (None, None)
         effective = plan.effective_batch_size if plan is not None else None
@@ -221,6 +213,11 @@ class DivergenceGuard(Participant):
         stop = TrainingDiverged(f"{what}; stopped on every rank{where}, no checkpoint written of these weights; "
                                 f"{advice(lrs[0], is_fsdp(trainer.strategy), lrs[1], effective)}",
                                 rank=trainer.global_rank, children=compat.release_children(trainer))
-        for note in unsaved:
-            stop.add_note(note)
+        if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
+            for logger in trainer.loggers:
+                logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)
+                try:
+                    getattr(logger, "write_now", logger.save)()  # MetricsCSV writes on a timer otherwise
+                except OSError as error:  # a write on the way out must not replace the stop: the line names it
+                    stop.add_note(f"{type(logger).__name__}'s record not written: {error.strerror or error}")
         raise stop
