@@ -151,10 +151,9 @@ def ask_batch_hook_owners_once(trainer: Trainer) -> None:
     here. Not where this Lightning's selector differs (``check_supported``)."""
     if BATCH_HOOKS in unfit(trainer):
         return
-    selector = trainer._data_connector._datahook_selector
-    if selector is not None:
-        owners = {hook: selector.get_instance(hook) for hook in selector._valid_hooks}
-        selector.get_instance = owners.__getitem__
+    selector = trainer._data_connector._datahook_selector  # set by fit's attach_data
+    owners = {hook: selector.get_instance(hook) for hook in selector._valid_hooks}
+    selector.get_instance = owners.__getitem__
 
 
 _LIGHTNING_DISPATCH = call._call_callback_hooks
@@ -233,10 +232,9 @@ def between_optimizer_steps(trainer: Trainer) -> bool:
 
 
 def recreate_train_iterator(trainer: Trainer) -> None:
-    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did."""
-    fetcher = trainer.fit_loop._data_fetcher
-    if fetcher is not None:
-        iter(fetcher)
+    """Create the epoch's data iterator again, drawing its base seed as an uninterrupted run did (at an epoch's start:
+    the fit loop's setup_data made the fetcher)."""
+    iter(trainer.fit_loop._data_fetcher)
 
 
 def write_tensorboard_summaries(logger: TensorBoardLogger, summaries) -> None:

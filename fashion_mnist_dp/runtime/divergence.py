@@ -152,30 +152,27 @@ class DivergenceGuard(Participant):
             losses = torch.stack([loss.reshape(()) for loss in losses]).float()
         width = len(self._params)
         missing = [zero] * width
-        norms = torch.stack([n for _, _, row in window for n in (missing if row is None else row)]).float() \
-            if width else None
-        gradient_bad = (~torch.isfinite(norms)).view(len(window), width) if norms is not None else \
-            torch.zeros(len(window), 0, dtype=torch.bool, device=device)
+        # Each row's norms after a finite zero (a column, too, for a model without parameters): the first bad
+        # gradient's column, argmax, is its index + 1, and 0 (index -1) when there is none.
+        norms = torch.stack([n for _, _, row in window for n in (zero, *(missing if row is None else row))])
+        gradient_bad = (~torch.isfinite(norms.float())).view(len(window), 1 + width)
         loss_nan, loss_inf = torch.isnan(losses), torch.isinf(losses)
         row_bad = loss_nan | loss_inf | gradient_bad.any(dim=1)
         first_row = row_bad.int().argmax()
         steps = torch.tensor([float(step) for step, _, _ in window], device=device)
-        any_gradient = gradient_bad[first_row].any() if width else torch.zeros((), dtype=torch.bool, device=device)
-        gradient_index = torch.where(any_gradient, gradient_bad[first_row].int().argmax(), -1) if width else \
-            torch.full((), -1, device=device)
+        gradient_index = gradient_bad[first_row].int().argmax() - 1
         now = torch.stack([steps[first_row], loss_nan[first_row].float(), loss_inf[first_row].float(),
-                           any_gradient.float(), gradient_index.float()])
+                           (gradient_index >= 0).float(), gradient_index.float()])
         new = (self._first[0] < 0) & row_bad.any()
         self._first = torch.where(new, now, self._first)
 
     def contribute(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
+        """At a point of fit (Agreement's), so after ``on_train_start``: ``_first`` is there."""
         device = pl_module.device
-        if self._first is not None:
-            self._fold_window(device)
+        self._fold_window(device)
         state = [p.detach() for p in self._params] + [getattr(module, name) for _, module, name in self._buffer_slots]
         weight_index = first_non_finite(state, device).float()
-        first = self._first if self._first is not None else torch.full((5,), NONE, device=device)
-        return torch.cat([first, weight_index.reshape(1), self._at_chance(trainer, pl_module, point).reshape(1)])
+        return torch.cat([self._first, weight_index.reshape(1), self._at_chance(trainer, pl_module, point).reshape(1)])
 
     def _at_chance(self, trainer: Trainer, pl_module: LightningModule, point: str) -> torch.Tensor:
         accuracy = trainer.callback_metrics.get(self.monitor) if point == VALIDATION else None
@@ -209,14 +206,6 @@ class DivergenceGuard(Participant):
                     f"{trainer.current_epoch + 1} (optimizer step {now}), at chance (<= {self.chance_accuracy:g}) "
                     f"{self.epochs_after_warmup:g} epoch(s) after warm-up ended")
         compat.no_checkpoint_on_exception(trainer)
-        unsaved = []  # a write on the way out must not replace the stop: the line names it instead
-        if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
-            for logger in trainer.loggers:
-                logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)
-                try:
-                    getattr(logger, "write_now", logger.save)()  # MetricsCSV writes on a timer otherwise
-                except OSError as error:
-                    unsaved.append(f"{type(logger).__name__}'s record not written: {error.strerror or error}")
         rates, plan = getattr(pl_module, "learning_rates", None), getattr(pl_module, "batch_plan", None)
         lrs = (rates.base_lr, rates.scaled_lr) if rates is not None else (None, None)
         effective = plan.effective_batch_size if plan is not None else None
@@ -224,6 +213,11 @@ class DivergenceGuard(Participant):
         stop = TrainingDiverged(f"{what}; stopped on every rank{where}, no checkpoint written of these weights; "
                                 f"{advice(lrs[0], is_fsdp(trainer.strategy), lrs[1], effective)}",
                                 rank=trainer.global_rank, children=compat.release_children(trainer))
-        for note in unsaved:
-            stop.add_note(note)
+        if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
+            for logger in trainer.loggers:
+                logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)
+                try:
+                    getattr(logger, "write_now", logger.save)()  # MetricsCSV writes on a timer otherwise
+                except OSError as error:  # a write on the way out must not replace the stop: the line names it
+                    stop.add_note(f"{type(logger).__name__}'s record not written: {error.strerror or error}")
         raise stop

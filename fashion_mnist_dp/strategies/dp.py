@@ -63,8 +63,7 @@ class DataParallelStrategy(ParallelStrategy):
 
     @property
     def device_ids(self) -> List[int]:
-        """CUDA indices of ``parallel_devices``, e.g. ``[0, 2]`` for ``--devices 0,2``."""
-        assert self.parallel_devices, "parallel_devices are set by the accelerator connector"
+        """CUDA indices of ``parallel_devices``, e.g. ``[0, 2]`` for ``--devices 0,2`` (read at setup: they are set)."""
         return [device.index for device in self.parallel_devices]
 
     @property
@@ -88,18 +87,13 @@ class DataParallelStrategy(ParallelStrategy):
                                             "--accelerator, or use --strategy ddp --accelerator cpu on CPU")
 
     def model_to_device(self) -> None:
-        assert self.model is not None
         self.model.to(self.root_device)  # DataParallel needs the parameters on device_ids[0]
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
         """Leave the module unwrapped (plain checkpoints); route its forward through DataParallel."""
         assert isinstance(model, LightningModule), "dp expects the LightningModule itself"
-        self._route_forward(model)
-        return model
-
-    def _route_forward(self, module: LightningModule) -> None:
         self._restore_forward()
-        data_parallel = nn.DataParallel(_Forward(module), device_ids=self.device_ids, output_device=self.root_device)
+        data_parallel = nn.DataParallel(_Forward(model), device_ids=self.device_ids, output_device=self.root_device)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             autocast = torch.is_autocast_enabled("cuda")  # thread-local: the replicas' threads need it set
@@ -108,9 +102,10 @@ class DataParallelStrategy(ParallelStrategy):
 
         # A plain function in the instance __dict__ (not a registered submodule: state_dict keys stay the same).
         # nn.Module.__call__ looks up self.forward, and the instance attribute wins over the class's method.
-        module.forward = forward
+        model.forward = forward
         self._data_parallel = data_parallel
-        self._routed = (module, forward)
+        self._routed = (model, forward)
+        return model
 
     def _restore_forward(self) -> None:
         if self._routed is not None:

@@ -249,9 +249,10 @@ class Recorder(Callback):
 class CountingSimulatedDataParallel(CPUSimulatedDataParallel):
     """Counts the calls that reach the DataParallel wrapper."""
 
-    def _route_forward(self, module):
-        super()._route_forward(module)
+    def _setup_model(self, model):
+        model = super()._setup_model(model)
         self._calls = count_calls(self._data_parallel.module)
+        return model
 
 
 @no_cuda_only
