@@ -165,16 +165,9 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
 class SaveConfigAsGiven(SaveConfigCallback):
     """config.yaml as the user gave it: derived folders stay null, so a rerun from it writes where it is told."""
 
-    def __init__(self, *args, filled=(), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.filled = list(filled)
-
-    def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
-        resolved, self.config = self.config, outputs.as_given(self.config, self.filled)
-        try:
-            super().setup(trainer, pl_module, stage)
-        finally:
-            self.config = resolved
+    def __init__(self, parser, config, *args, filled=(), **kwargs) -> None:
+        # Built after the last change to the config (LightningCLI.instantiate_trainer): the copy is what it saves.
+        super().__init__(parser, outputs.as_given(config, filled), *args, **kwargs)
 
 
 def class_paths(config) -> Dict[str, str]:
