@@ -152,24 +152,19 @@ def check_config(config) -> None:
                           f"...' under SLURM (README, \"Several machines\")")
 
 
-def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
+def unwritable_reason(folder: Union[str, Path, None]) -> Optional[str]:
     """Why ``folder`` cannot be created or written, else None: the nearest existing folder is tried with a temporary
     folder, removed at once (file modes alone do not tell, e.g. for root)."""
-    text = str(folder)
-    if "://" in text:  # s3://, memory://...: left to fsspec
+    if folder is None or "://" in str(folder):  # none given, or s3://, memory://...: left to fsspec
         return None
-    path = Path(text).expanduser().absolute()
-    for candidate in (path, *path.parents):
-        if candidate.exists() or candidate.is_symlink():
-            if not candidate.is_dir():
-                return f"{candidate} is a file, not a folder"
-            if not os.access(candidate, os.W_OK | os.X_OK):
-                return f"{candidate} is not writable"
-            try:
-                os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=candidate))
-            except OSError as error:
-                return f"{candidate} is not writable ({error.strerror or error})"
-            return None
+    path = Path(folder).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())  # "/" at the latest
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
+    except OSError as error:
+        return f"{existing} is not writable ({error.strerror or error})"
     return None
 
 
@@ -181,7 +176,6 @@ def check_outputs(trainer, subcommand: str) -> None:
         folders += [("ModelCheckpoint dirpath (trainer.callbacks)", getattr(callback, "dirpath", None))
                     for callback in trainer.checkpoint_callbacks]
     for key, folder in folders:
-        reason = unwritable_reason(folder) if folder is not None else None
-        if reason is not None:
+        if (reason := unwritable_reason(folder)) is not None:
             raise CantWriteError(f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
                                  f"(--trainer.default_root_dir: logs and checkpoints go under it)")
