@@ -57,11 +57,9 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         cores = cpu_count or 1
         most = CPU_RANKS_PER_CORE * cores
         allowed = f"give a number of CPU processes from 1 to {most} ({CPU_RANKS_PER_CORE} per core), or auto (1)"
-        if isinstance(parsed, list):
-            raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: "
-                              f"{allowed}")
-        if parsed == -1:
-            raise ConfigError(f"{DEVICES_KEY} is -1 (every GPU), but the accelerator is cpu: {allowed}")
+        if isinstance(parsed, list) or parsed == -1:
+            given = f"{devices!r}, a list of GPU indices" if isinstance(parsed, list) else "-1 (every GPU)"
+            raise ConfigError(f"{DEVICES_KEY} is {given}, but the accelerator is cpu: {allowed}")
         if parsed <= 0:
             raise ConfigError(f"{DEVICES_KEY} is {parsed}: {allowed}")
         if parsed > most:
