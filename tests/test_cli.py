@@ -51,7 +51,8 @@ def test_beyond_8_cpu_processes_per_core_is_refused_before_any_starts(tmp_path, 
 
 
 def test_unwritable_log_folder_exits_73(shared_tmp, fashion_root):
-    """Run as user nobody when the suite runs as root, so that the folder's mode applies."""
+    """Run as user nobody when the suite runs as root, so that the folder's mode applies; the reason is the failed
+    write's own (checks.unwritable_reason tries one, for root and any other user alike)."""
     (shared_tmp / "runs").mkdir(mode=0o555)
     (shared_tmp / "runs").chmod(0o555)
     result = run_train(["--data_dir", str(fashion_root), "--data.download", "false"], cwd=shared_tmp, timeout=60,
@@ -59,8 +60,8 @@ def test_unwritable_log_folder_exits_73(shared_tmp, fashion_root):
     assert result.returncode == 73, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert errors == [f"train.py: error: trainer.default_root_dir is runs, which cannot be written: "
-                      f"{shared_tmp / 'runs'} is not writable; give a writable folder (--trainer.default_root_dir: "
-                      f"logs and checkpoints go under it)"]
+                      f"{shared_tmp / 'runs'} is not writable (Permission denied); give a writable folder "
+                      f"(--trainer.default_root_dir: logs and checkpoints go under it)"]
     assert list((shared_tmp / "runs").iterdir()) == []
 
 

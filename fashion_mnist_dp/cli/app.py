@@ -115,9 +115,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             key, path, raised = built or ("", "", error)
             line = f"{key} {path} cannot be built: {type(raised).__name__}: " if built else ""
             raise errors.ConfigError(line + errors.one_line(raised)) from error
-        if hasattr(self.model, "start_notes"):
-            self.model.start_notes = [*self.start_lines, *start_block.unseen_settings(self.trainer),
-                                      *start_block.safety_off(self.trainer)]
+        self.model.start_notes = [*self.start_lines, *start_block.unseen_settings(self.trainer),
+                                  *start_block.safety_off(self.trainer)]
 
     def _before_launch(self) -> None:
         """In the launching process, before any rank exists: folders, rendezvous, checkpoint and data checked."""
@@ -128,20 +127,17 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
                 address, note = slurm.rendezvous_address(environment)
             except LookupError as error:
                 raise errors.JobFault(str(error)) from error
-            for line in (note, slurm.gloo_interface(address)):  # before the process group, in every rank
-                if line and hasattr(self.model, "start_notes"):
-                    self.model.start_notes.append(line)
-        warning = lifetime.shared_store_warning() if self.subcommand == "fit" else None
-        if warning and self.trainer.is_global_zero:
-            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
+            # gloo's interface before the process group, in every rank
+            self.model.start_notes += [line for line in (note, slurm.gloo_interface(address)) if line]
         if self.subcommand == "fit":
+            if self.trainer.is_global_zero and (warning := lifetime.shared_store_warning()):
+                print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
             compat.validate_after_every_epochs_last_batch(self.trainer)
         resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
         self.resumed = dataclasses.replace(self.resumed, checkpoint=None)  # handed to Lightning's restore
-        if self.datamodule is not None:
-            self.datamodule.check_workers()  # every process, before any rendezvous
-            if self.trainer.local_rank == 0:
-                self.datamodule.prepare_data()
+        self.datamodule.check_workers()  # every process, before any rendezvous
+        if self.trainer.local_rank == 0:
+            self.datamodule.prepare_data()
 
     before_fit = before_validate = before_test = before_predict = _before_launch
 
@@ -152,7 +148,7 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         # The first ModelCheckpoint (Lightning's checkpoint_callback may be another Checkpoint): the best by val/acc
         checkpoint = next((c for c in self.trainer.checkpoint_callbacks if isinstance(c, ModelCheckpoint)), None)
         best = checkpoint.best_model_path if checkpoint is not None else ""
-        if getattr(self.datamodule, "validates_on_test_split", False):
+        if self.datamodule.validates_on_test_split:
             best = ""
             if self.trainer.is_global_zero:
                 print("train.py: testing the last epoch's weights: validation used the test split, so the best "
@@ -165,16 +161,9 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
 class SaveConfigAsGiven(SaveConfigCallback):
     """config.yaml as the user gave it: derived folders stay null, so a rerun from it writes where it is told."""
 
-    def __init__(self, *args, filled=(), **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.filled = list(filled)
-
-    def setup(self, trainer: Trainer, pl_module, stage: str) -> None:
-        resolved, self.config = self.config, outputs.as_given(self.config, self.filled)
-        try:
-            super().setup(trainer, pl_module, stage)
-        finally:
-            self.config = resolved
+    def __init__(self, parser, config, *args, filled=(), **kwargs) -> None:
+        # Built after the last change to the config (LightningCLI.instantiate_trainer): the copy is what it saves.
+        super().__init__(parser, outputs.as_given(config, filled), *args, **kwargs)
 
 
 def class_paths(config) -> Dict[str, str]:

@@ -1,7 +1,7 @@
 """Pre-launch checks of values Lightning accepts but cannot run, each one line (docs/reliability.md, "Bad input")."""
 
-import importlib
 import os
+import pkgutil
 import sys
 import tempfile
 from pathlib import Path
@@ -39,10 +39,9 @@ def import_class(class_path: Optional[str]) -> Optional[type]:
     """The class a config's class path names (already imported by jsonargparse), else None."""
     if not isinstance(class_path, str) or "." not in class_path:
         return None
-    module, _, name = class_path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
+        return pkgutil.resolve_name(class_path)
+    except (ImportError, AttributeError, ValueError):  # ValueError: not a dotted name
         return None
 
 
@@ -58,11 +57,9 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         cores = cpu_count or 1
         most = CPU_RANKS_PER_CORE * cores
         allowed = f"give a number of CPU processes from 1 to {most} ({CPU_RANKS_PER_CORE} per core), or auto (1)"
-        if isinstance(parsed, list):
-            raise ConfigError(f"{DEVICES_KEY} is {devices!r}, a list of GPU indices, but the accelerator is cpu: "
-                              f"{allowed}")
-        if parsed == -1:
-            raise ConfigError(f"{DEVICES_KEY} is -1 (every GPU), but the accelerator is cpu: {allowed}")
+        if isinstance(parsed, list) or parsed == -1:
+            given = f"{devices!r}, a list of GPU indices" if isinstance(parsed, list) else "-1 (every GPU)"
+            raise ConfigError(f"{DEVICES_KEY} is {given}, but the accelerator is cpu: {allowed}")
         if parsed <= 0:
             raise ConfigError(f"{DEVICES_KEY} is {parsed}: {allowed}")
         if parsed > most:
@@ -152,24 +149,19 @@ def check_config(config) -> None:
                           f"...' under SLURM (README, \"Several machines\")")
 
 
-def unwritable_reason(folder: Union[str, Path]) -> Optional[str]:
+def unwritable_reason(folder: Union[str, Path, None]) -> Optional[str]:
     """Why ``folder`` cannot be created or written, else None: the nearest existing folder is tried with a temporary
     folder, removed at once (file modes alone do not tell, e.g. for root)."""
-    text = str(folder)
-    if "://" in text:  # s3://, memory://...: left to fsspec
+    if folder is None or "://" in str(folder):  # none given, or s3://, memory://...: left to fsspec
         return None
-    path = Path(text).expanduser().absolute()
-    for candidate in (path, *path.parents):
-        if candidate.exists() or candidate.is_symlink():
-            if not candidate.is_dir():
-                return f"{candidate} is a file, not a folder"
-            if not os.access(candidate, os.W_OK | os.X_OK):
-                return f"{candidate} is not writable"
-            try:
-                os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=candidate))
-            except OSError as error:
-                return f"{candidate} is not writable ({error.strerror or error})"
-            return None
+    path = Path(folder).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists() or p.is_symlink())  # "/" at the latest
+    if not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
+    except OSError as error:
+        return f"{existing} is not writable ({error.strerror or error})"
     return None
 
 
@@ -181,7 +173,6 @@ def check_outputs(trainer, subcommand: str) -> None:
         folders += [("ModelCheckpoint dirpath (trainer.callbacks)", getattr(callback, "dirpath", None))
                     for callback in trainer.checkpoint_callbacks]
     for key, folder in folders:
-        reason = unwritable_reason(folder) if folder is not None else None
-        if reason is not None:
+        if (reason := unwritable_reason(folder)) is not None:
             raise CantWriteError(f"{key} is {folder}, which cannot be written: {reason}; give a writable folder "
                                  f"(--trainer.default_root_dir: logs and checkpoints go under it)")

@@ -107,11 +107,9 @@ def as_given(config, filled: List[Tuple[str, Optional[int], str]]):
     """A copy of ``config`` with the values train.py derived (``filled``) back to null."""
     given = config.clone()
     for key, index, argument in filled:
-        if index is None:  # a plain section's key (data.worker_timeout)
-            given[key][argument] = None
-            continue
         entries = given[key] if isinstance(given[key], list) else [given[key]]
-        entries[index].init_args[argument] = None
+        section = given[key] if index is None else entries[index].init_args  # None: a plain section (data)
+        section[argument] = None
     return given
 
 

@@ -105,9 +105,7 @@ def find_subcommand(args: Sequence[str]) -> Optional[str]:
 def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
     """Add ``fit`` when no subcommand is given and rewrite shorthand flags to their full keys in place; a shorthand
     and its full key with different values is an error: which one the user meant cannot be guessed."""
-    args = list(argv)
-    if find_subcommand(args) is None:
-        args.insert(0, "fit")
+    args = list(argv) if find_subcommand(argv) else ["fit", *argv]
 
     expanded: List[str] = []
     given: Dict[str, List[tuple]] = {}  # full key -> [(flag as typed, value)]
