@@ -27,6 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 SUPPORTED = "Lightning 2.5.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
 DISPATCH, BATCH_HOOKS = "LeanDispatch's hook calls", "LeanDispatch's batch-hook owners asked once"
 EPOCH_END_CHECK = "a validation after every epoch's last batch"
+SIGTERM_BROADCAST = "Lightning's per-step SIGTERM broadcast off"
 _UNUSED = object()  # an owner this run does not reach, or an attribute that is not there
 
 
@@ -71,7 +72,7 @@ def _accesses(trainer: Trainer) -> list:
         (False, BATCH_HOOKS, hooks, "get_instance", _takes("self", "hook_name")),
         (False, EPOCH_END_CHECK, loop.epoch_loop, "_should_check_val_fx", _takes("data_fetcher")),
         (False, EPOCH_END_CHECK, loop.epoch_loop, "_should_check_val_epoch", _takes()),
-        (False, "Lightning's per-step SIGTERM broadcast off", only(  # added in 2.5.2
+        (False, SIGTERM_BROADCAST, only(  # added in 2.5.2
             Version(lightning.__version__) >= Version("2.5.2"), loop.epoch_loop), "_broadcast_sigterm_tensor",
          _takes()),
         (False, "the start block's collective wait", only(hasattr(strategy, "process_group_backend"), strategy),
@@ -108,8 +109,9 @@ def check_supported(trainer: Trainer) -> List[str]:
 def disable_lightning_signal_handling(trainer: Trainer) -> None:
     """Lightning's signal handlers and its per-batch SIGTERM broadcast off: runtime/signals.py replaces both."""
     trainer._signal_connector.register_signal_handlers = lambda: None
-    if callable(getattr(trainer.fit_loop.epoch_loop, "_broadcast_sigterm_tensor", None)):  # Lightning >= 2.5.2
-        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = lambda: None
+    loop = trainer.fit_loop.epoch_loop
+    if hasattr(loop, "_broadcast_sigterm_tensor") and SIGTERM_BROADCAST not in unfit(trainer):  # Lightning >= 2.5.2
+        loop._broadcast_sigterm_tensor = lambda: None
 
 
 def validate_after_every_epochs_last_batch(trainer: Trainer) -> None:

@@ -99,8 +99,6 @@ class DivergenceGuard(Participant):
     short: a smoke test has not trained an epoch). Per batch it only keeps the loss and one fused norm per
     gradient (device tensors, no read); the window's first bad step is found at the decision point."""
 
-    size = 7
-
     def __init__(self, chance_accuracy: float = CHANCE_ACCURACY, monitor: str = "val/acc",
                  epochs_after_warmup: float = 1.0) -> None:
         self.chance_accuracy = chance_accuracy

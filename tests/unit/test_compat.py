@@ -195,6 +195,21 @@ def test_a_changed_batch_hook_selector_leaves_lightning_asking_at_every_batch(mo
     assert f"{compat.BATCH_HOOKS} (Lightning" in unseen_settings(trainer)[-1]
 
 
+@pytest.mark.skipif(Version(lightning.__version__) < Version("2.5.2"), reason="the broadcast came in Lightning 2.5.2")
+@pytest.mark.parametrize("changed", [False, True])
+def test_lightnings_per_step_sigterm_broadcast_is_turned_off_only_where_its_shape_fits(monkeypatch, changed):
+    """Replaced by a no-argument stand-in where it takes none; a changed one stays Lightning's (a stand-in would raise
+    at the first step), and the start block says so."""
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    if changed:
+        monkeypatch.setattr(_TrainingEpochLoop, "_broadcast_sigterm_tensor", lambda self, new_argument: None)
+    trainer = trainer_of()
+    compat.disable_lightning_signal_handling(trainer)
+    assert ("_broadcast_sigterm_tensor" in vars(trainer.fit_loop.epoch_loop)) is not changed
+    assert (f"{compat.SIGTERM_BROADCAST} (Lightning" in unseen_settings(trainer)[-1]) is changed
+
+
 def test_a_missing_attribute_a_guarantee_relies_on_ends_in_one_line_before_training(monkeypatch, capsys, workdir,
                                                                                     fashion_root):
     monkeypatch.delattr(_SignalConnector, "register_signal_handlers")
