@@ -18,12 +18,29 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
+
+from torch import nn
+
+from lightning_modules.networks import _double_cbr_pool
 
 RECIPE = "configs/recipes/fast_gpu.yaml"
 HELD_OUT = ["--data.val_size", "10000", "--test_after_fit", "false"]
 SAME_SHAPE = ["--data.batch_size", "1000", "--data.eval_batch_size", "1000",
               "--model.optimizer.init_args.fused", "true"]  # one multi-tensor kernel per step for AdamW
+NARROW = ["--model.network", "benchmarks.gpu_record.NarrowGpuCNN"]
+
+
+class NarrowGpuCNN(nn.Sequential):
+    """A candidate for 94 % in 2 s: gpu_cnn's three stages at other widths. The step is bound by the GPU's arithmetic,
+    which goes with the square of the width: 48/96/192 is 0.56 of gpu_cnn's per image, 56/112/224 0.77. Shipped (as
+    a width of GpuCNN) only if it wins on a GPU."""
+
+    def __init__(self, num_classes: int = 10, widths: Tuple[int, int, int] = (48, 96, 192)) -> None:
+        first, second, third = widths
+        super().__init__(_double_cbr_pool(1, first), _double_cbr_pool(first, second), _double_cbr_pool(second, third),
+                         nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(third, num_classes))
+
 
 # name: (target accuracy, target training seconds, flags on top of fast_gpu.yaml). A candidate with "{mode}" takes
 # the compile mode of the fastest of the three 8-epoch runs before it (MODES).
@@ -42,6 +59,13 @@ CANDIDATES: Dict[str, tuple] = {
         0.94, 2.0, [*SAME_SHAPE, "--model.network", "lightning_modules.networks.StagedCNN",
                     "--model.optimizer.init_args.lr", "0.02", "--trainer.max_epochs", "8",
                     "--model.compile", "{mode}"]),
+    "narrow 48/96/192, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--trainer.max_epochs", "8",
+                                                    "--model.compile", "{mode}"]),
+    "narrow 48/96/192, 10 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--trainer.max_epochs", "10",
+                                                     "--model.compile", "{mode}"]),
+    "narrow 56/112/224, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--model.network.init_args.widths",
+                                                     "[56,112,224]", "--trainer.max_epochs", "8",
+                                                     "--model.compile", "{mode}"]),
 }
 MODES = {"gpu_cnn 8 ep, eager": "false", "gpu_cnn 8 ep, compile": "true",
          "gpu_cnn 8 ep, reduce-overhead": "reduce-overhead"}

@@ -27,6 +27,9 @@
 #                                            #   target's choice over 5 seeds in fresh processes with the test split
 #                                            #   (recipe_runs, 150 s and 220 s: a run took 23-29 s and 40-42 s there)
 #   bash benchmarks/gpu_session.sh graphs    # 150 s: the search's CUDA-graph candidates alone (compile reduce-overhead)
+#   bash benchmarks/gpu_session.sh narrow    # 340 s: 94 % in 2 s with gpu_cnn narrower (benchmarks/gpu_record.py's
+#                                            #   NarrowGpuCNN) against gpu_cnn 8 ep in the same search (150 s), then
+#                                            #   the choice over 5 seeds (recipe_runs, 180 s)
 #   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
@@ -78,6 +81,15 @@ for stage in "${@:-tests}"; do
                     --choice /tmp/graphs-choice.txt --only "gpu_cnn 8 ep, reduce-overhead" \
                     "staged_cnn (the CPU record's), lr 0.02, 8 ep, {mode}" > "$out/graphs-log.txt" 2>&1
                 cat "$out/graphs.md" ;;
+        narrow) limit 150 python3 -m benchmarks.gpu_record --budget 100 --summary "$out/narrow.md" \
+                    --choice /tmp/narrow-choice.txt --only "gpu_cnn 8 ep, eager" "narrow 48/96/192, 8 ep, {mode}" \
+                    "narrow 48/96/192, 10 ep, {mode}" "narrow 56/112/224, 8 ep, {mode}" > "$out/narrow-log.txt" 2>&1
+                cat "$out/narrow.md"
+                while read -r target flags; do  # shellcheck disable=SC2086: the flags are words
+                    echo "target $target: $flags" | tee -a "$out/narrow-record.txt"
+                    limit 180 python3 -m benchmarks.recipe_runs configs/recipes/fast_gpu.yaml --runs 5 -- $flags \
+                        2>&1 | tee -a "$out/narrow-record.txt"
+                done < /tmp/narrow-choice.txt ;;
         tests) limit 120 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/test_sync_free_step.py \
                    tests/unit/test_step_time.py \
                    tests/unit/test_dp.py tests/unit/test_fast_path.py 2>&1 | tee "$out/tests.txt" ;;
@@ -93,7 +105,7 @@ for stage in "${@:-tests}"; do
                  --on="--trainer.callbacks+=callbacks.WeightEMA" \
                  --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
                  2>&1 | tee "$out/ema.txt" ;;
-        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record, graphs," \
-                "cost, cost16 or ema" >&2; exit 2 ;;
+        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record," \
+                "graphs, narrow, cost, cost16 or ema" >&2; exit 2 ;;
     esac
 done

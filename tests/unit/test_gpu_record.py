@@ -27,3 +27,20 @@ def test_the_search_holds_out_a_validation_split_reads_no_test_and_keeps_one_bat
         batch = int(flags[len(flags) - 1 - flags[::-1].index("--data.batch_size") + 1])
         assert 50_000 % batch == 0 and 60_000 % batch == 0, "an epoch's last batch would compile again"
         assert (target, seconds) in ((0.94, 2.0), (0.95, 15.0))
+
+
+def test_every_candidate_a_session_stage_names_is_one_and_the_narrow_network_has_the_widths_it_is_given():
+    import re
+    from pathlib import Path
+
+    import torch
+    from torch import nn
+
+    from benchmarks.gpu_record import NarrowGpuCNN
+
+    script = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh").read_text()
+    named = re.findall(r'"((?:gpu_cnn|narrow|staged_cnn) [^"]*)"', script)
+    assert len(named) >= 6 and [name for name in named if name not in CANDIDATES] == []  # a typo: silently not run
+    network = NarrowGpuCNN(widths=(56, 112, 224))
+    assert [m.out_channels for m in network.modules() if isinstance(m, nn.Conv2d)] == [56, 56, 112, 112, 224, 224]
+    assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
