@@ -1,7 +1,7 @@
 """Pre-launch checks of values Lightning accepts but cannot run, each one line (docs/reliability.md, "Bad input")."""
 
+import importlib
 import os
-import pkgutil
 import sys
 import tempfile
 from pathlib import Path
@@ -39,9 +39,10 @@ def import_class(class_path: Optional[str]) -> Optional[type]:
     """The class a config's class path names (already imported by jsonargparse), else None."""
     if not isinstance(class_path, str) or "." not in class_path:
         return None
+    module, _, name = class_path.rpartition(".")  # as jsonargparse reads it: pkg.Foo is pkg's Foo, module or not
     try:
-        return pkgutil.resolve_name(class_path)
-    except (ImportError, AttributeError, ValueError):  # ValueError: not a dotted name
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
         return None
 
 

@@ -10,7 +10,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 
 from fashion_mnist_dp.cli.app import main
-from fashion_mnist_dp.cli.checks import check_devices, unwritable_reason
+from fashion_mnist_dp.cli.checks import check_devices, import_class, unwritable_reason
 from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.errors import ConfigError
 
@@ -65,6 +65,19 @@ def test_unwritable_reason_leaves_nothing_behind(tmp_path):
     (tmp_path / "file").write_text("x")
     assert unwritable_reason(tmp_path / "file" / "logs") == f"{tmp_path / 'file'} is a file, not a folder"
     assert unwritable_reason("s3://bucket/runs") is None
+
+
+def test_a_class_re_exported_from_its_same_named_module_is_the_class_as_jsonargparse_names_it(tmp_path, monkeypatch):
+    """pkg/MyCheckpoint.py re-exported as pkg.MyCheckpoint (jsonargparse's name for it): the class, not the module; a
+    ModelCheckpoint subclass so named gets the run's checkpoint folder (cli/outputs.py asks this)."""
+    (tmp_path / "reexports").mkdir()
+    (tmp_path / "reexports" / "__init__.py").write_text("from reexports.MyCheckpoint import MyCheckpoint\n")
+    (tmp_path / "reexports" / "MyCheckpoint.py").write_text(
+        "from lightning.pytorch.callbacks import ModelCheckpoint\n\n\nclass MyCheckpoint(ModelCheckpoint):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = import_class("reexports.MyCheckpoint")
+    assert isinstance(found, type) and found.__name__ == "MyCheckpoint"
+    assert import_class("reexports.Missing") is None and import_class("no_such_module.Thing") is None
 
 
 def test_whole_numbers_of_batch_limits_parse_and_save_as_counts(tmp_path):
