@@ -262,17 +262,13 @@ def fsdp_collectives(module) -> tuple:
     return (groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm) if len(groups) == 1 else (None, None)
 
 
-def launched_children(trainer: Trainer) -> List[Any]:
-    """The rank processes Lightning's launcher started from this process (none in a rank it started)."""
+def launched_children(trainer: Trainer, release: bool = False) -> List[Any]:
+    """The rank processes Lightning's launcher started from this process (none in a rank it started); ``release``:
+    out of sight of Lightning's observer from now on (it SIGKILLs the launcher on a failed rank)."""
     procs = getattr(trainer.strategy.launcher, "procs", None)  # the launcher may be None
-    return list(procs) if isinstance(procs, list) else []
-
-
-def release_children(trainer: Trainer) -> List[Any]:
-    """:func:`launched_children`, out of sight of Lightning's observer (it SIGKILLs the launcher on a failed rank)."""
-    children = launched_children(trainer)
-    if children:
-        trainer.strategy.launcher.procs.clear()
+    children = list(procs) if isinstance(procs, list) else []
+    if release and children:
+        procs.clear()
     return children
 
 

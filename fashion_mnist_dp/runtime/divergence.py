@@ -210,7 +210,7 @@ class DivergenceGuard(Participant):
         where = f" at step {now}" if first >= 0 or weight_index >= 0 else ""
         stop = TrainingDiverged(f"{what}; stopped on every rank{where}, no checkpoint written of these weights; "
                                 f"{advice(lrs[0], is_fsdp(trainer.strategy), lrs[1], effective)}",
-                                rank=trainer.global_rank, children=compat.release_children(trainer))
+                                rank=trainer.global_rank, children=compat.launched_children(trainer, release=True))
         if trainer.is_global_zero:  # the run's record (metrics.csv) marks the epoch it stopped in
             for logger in trainer.loggers:
                 logger.log_metrics({"epoch": trainer.current_epoch, "train/diverged": 1.0}, step=trainer.global_step)

@@ -81,4 +81,4 @@ class JobFaults(Callback):
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         if trainer.world_size > 1:
             compat.no_checkpoint_on_exception(trainer)
-        exception.children = compat.release_children(trainer)  # cli/failures.py's reported ends them after the line
+        exception.children = compat.launched_children(trainer, release=True)  # cli/failures.py ends them after the line

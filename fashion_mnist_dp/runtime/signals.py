@@ -259,7 +259,8 @@ class Preemption(Participant):
             requeued = requeue() if usr1 else None
             if requeued:
                 message += f"; {requeued}"
-        stop = Preempted(message, int(exit_code), rank=trainer.global_rank, children=compat.release_children(trainer))
+        children = compat.launched_children(trainer, release=True)
+        stop = Preempted(message, int(exit_code), rank=trainer.global_rank, children=children)
         if trainer.is_global_zero:
             errors.print_line(stop)
         trainer.strategy.barrier("preempted")  # no rank ends before rank 0 has requeued and printed
