@@ -37,10 +37,9 @@ def tensor_norms(tensors: Sequence[Optional[torch.Tensor]], device: torch.device
 def first_non_finite(tensors: Sequence[Optional[torch.Tensor]], device: Optional[torch.device] = None) -> torch.Tensor:
     """Index of the first tensor holding a nan or inf, or -1, as a device scalar (nothing waits for it)."""
     device = device or next((t.device for t in tensors if t is not None), torch.device("cpu"))
-    bad = ~torch.isfinite(tensor_norms(tensors, device))
-    if bad.numel() == 0:
-        return torch.full((), -1, device=device)
-    return torch.where(bad.any(), bad.int().argmax(), -1)
+    # After a finite zero (so never empty): the first bad tensor's position, argmax, is its index + 1, and 0 if none.
+    bad = ~torch.isfinite(torch.cat([torch.zeros(1, device=device), tensor_norms(tensors, device)]))
+    return bad.int().argmax() - 1
 
 
 def gradient_norms(params: Sequence[torch.nn.Parameter]) -> Sequence[torch.Tensor]:

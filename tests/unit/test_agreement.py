@@ -129,6 +129,7 @@ def test_merge_takes_the_earliest_first_step_of_any_rank():
 def test_first_non_finite_finds_nan_and_inf_and_skips_missing_tensors():
     ok = torch.ones(3)
     assert first_non_finite([ok, None, ok]).item() == -1
+    assert first_non_finite([], torch.device("cpu")).item() == -1  # a model without parameters or float buffers
     assert first_non_finite([ok, None, torch.tensor([1.0, math.inf]), torch.tensor([math.nan])]).item() == 2
     assert first_non_finite([torch.empty(0), torch.tensor([math.nan])]).item() == 1  # an empty fsdp shard is fine
     assert first_non_finite([torch.full((10**5,), 60000.0, dtype=torch.float16)]).item() == -1  # fp16 would overflow
