@@ -91,7 +91,7 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         self.start_lines = [f"  lr from         : {lr_from or DEFAULT_LR_FROM}", *notes]
         config.ckpt_path = resumed.path
         if config.data.worker_timeout is None:
-            config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
+            config.data.worker_timeout = timeout.total_seconds() / 2  # half: the stalled worker's rank reports first
             filled.append(("data", None, "worker_timeout"))
         self.save_config_kwargs["filled"] = filled
         if subcommand == "fit":  # before any logger is built: a continued run's folder, or a new one

@@ -68,11 +68,6 @@ def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
                                                            "LOCAL_RANK"))
 
 
-def data_worker_timeout(timeout: timedelta) -> float:
-    """Half the collective timeout, so the rank whose worker stalled reports first."""
-    return timeout.total_seconds() / 2
-
-
 def release_process_group() -> None:
     """Destroy the default process group of a run without peers (an in-process caller of ``main`` gets a clean state).
     A group with peers stays up: :func:`exit_process` ends the rank without the interpreter's teardown."""
