@@ -57,11 +57,6 @@ def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:
     return bool({"LOCAL_RANK", "SLURM_PROCID"} & set(environ))
 
 
-def launcher_environment(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a launcher (torchrun, srun, or variables set by hand) told this process its place among nodes."""
-    return bool({"TORCHELASTIC_RUN_ID", "SLURM_PROCID", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK"} & set(environ))
-
-
 def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
     """Rank 0 as the launchers' variables tell it before any process group exists."""
     return all(environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK",
