@@ -21,11 +21,8 @@ LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "MASTER_ADDR", "WOR
 
 
 def parse_devices(devices: Union[int, str, Sequence[int], None]):
-    """``int``, ``"auto"``, or a list of GPU indices, from what the config holds."""
-    if isinstance(devices, (list, tuple)):
-        return [int(d) for d in devices]
-    if isinstance(devices, int):
-        return devices
+    """``int``, ``"auto"``, or a list of GPU indices, from what the config holds: a number, a list, or either as text
+    (a list's text, ``[0, 1]``, reads as ``0,1`` does)."""
     text = "auto" if devices is None else str(devices).strip()
     if text == "auto":
         return "auto"
