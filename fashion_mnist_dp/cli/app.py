@@ -69,11 +69,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         lr_from, notes = args.lr_origin, []  # args: shorthand.expand_args's
         subcommand = self.config["subcommand"]  # required: expand_args adds fit when none is given
         config = self.config[subcommand]
-        try:  # before any strategy is built: the registry's ddp and fsdp entries take it
-            timeout = lifetime.set_collective_timeout(lifetime.collective_timeout(
-                seconds=config.get("collective_timeout")))
-        except ValueError as error:
-            raise errors.ConfigError(str(error)) from error
+        # before any strategy is built: the registry's ddp and fsdp entries take it; a bad value: one line, exit 2
+        timeout = lifetime.set_collective_timeout(lifetime.collective_timeout(seconds=config.get("collective_timeout")))
         filled = outputs.fill_output_paths(config)  # the folders --ckpt_path last searches
         resumed = self.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
                                                 lifetime.max_restarts(), lifetime.attempt(),
@@ -91,7 +88,7 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         self.start_lines = [f"  lr from         : {lr_from or DEFAULT_LR_FROM}", *notes]
         config.ckpt_path = resumed.path
         if config.data.worker_timeout is None:
-            config.data.worker_timeout = lifetime.data_worker_timeout(timeout)
+            config.data.worker_timeout = timeout.total_seconds() / 2  # half: the stalled worker's rank reports first
             filled.append(("data", None, "worker_timeout"))
         self.save_config_kwargs["filled"] = filled
         if subcommand == "fit":  # before any logger is built: a continued run's folder, or a new one

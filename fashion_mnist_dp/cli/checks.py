@@ -12,18 +12,17 @@ import torch
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
 from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
-from fashion_mnist_dp.runtime.lifetime import is_launched_rank, launcher_environment
+from fashion_mnist_dp.runtime.lifetime import is_launched_rank
 from fashion_mnist_dp.strategies import CPU_NAME, is_fsdp, require_gpus, unshardable_optimizer
 
 DEVICES_KEY = "trainer.devices (--devices)"
+# How a launcher (torchrun, srun, or variables set by hand) tells a process its place among nodes.
+LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK")
 
 
 def parse_devices(devices: Union[int, str, Sequence[int], None]):
-    """``int``, ``"auto"``, or a list of GPU indices, from what the config holds."""
-    if isinstance(devices, (list, tuple)):
-        return [int(d) for d in devices]
-    if isinstance(devices, int):
-        return devices
+    """``int``, ``"auto"``, or a list of GPU indices, from what the config holds: a number, a list, or either as text
+    (a list's text, ``[0, 1]``, reads as ``0,1`` does)."""
     text = "auto" if devices is None else str(devices).strip()
     if text == "auto":
         return "auto"
@@ -143,7 +142,7 @@ def check_config(config) -> None:
     nodes = trainer.num_nodes or 1
     if slurm_mismatch := check_slurm_layout(os.environ, parse_devices(trainer.devices), nodes):
         raise ConfigError(slurm_mismatch)
-    if nodes > 1 and not launcher_environment():
+    if nodes > 1 and not any(name in os.environ for name in LAUNCHER_VARIABLES):
         raise ConfigError(f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
                           f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "
                           f"--master-port 29500 train.py ... --num_nodes {nodes}' on node I, or 'srun python train.py "

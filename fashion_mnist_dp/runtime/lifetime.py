@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, StrategyRegistry
 
 from fashion_mnist_dp.runtime import compat
+from fashion_mnist_dp.runtime.errors import ConfigError
 
 TIMEOUT_ENV = "FASHION_MNIST_COLLECTIVE_TIMEOUT"
 DEFAULT_TIMEOUT_S = 300.0
@@ -21,7 +22,7 @@ DISABLE_SHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optional[float] = None) -> timedelta:
-    """``collective_timeout``, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s; ValueError unless > 0."""
+    """``collective_timeout``, else ``$FASHION_MNIST_COLLECTIVE_TIMEOUT``, else 300 s; ConfigError unless > 0."""
     name, raw = (TIMEOUT_ENV, environ.get(TIMEOUT_ENV, "")) if seconds is None else ("collective_timeout", str(seconds))
     if not raw.strip():
         return timedelta(seconds=DEFAULT_TIMEOUT_S)
@@ -30,7 +31,7 @@ def collective_timeout(environ: Mapping[str, str] = os.environ, seconds: Optiona
     except ValueError:
         value = float("nan")
     if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name} must be a number of seconds > 0; got {raw.strip()!r}")
+        raise ConfigError(f"{name} must be a number of seconds > 0; got {raw.strip()!r}")
     return timedelta(seconds=value)
 
 
@@ -57,20 +58,10 @@ def is_launched_rank(environ: Mapping[str, str] = os.environ) -> bool:
     return bool({"LOCAL_RANK", "SLURM_PROCID"} & set(environ))
 
 
-def launcher_environment(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether a launcher (torchrun, srun, or variables set by hand) told this process its place among nodes."""
-    return bool({"TORCHELASTIC_RUN_ID", "SLURM_PROCID", "MASTER_ADDR", "WORLD_SIZE", "NODE_RANK"} & set(environ))
-
-
 def probably_global_rank_zero(environ: Mapping[str, str] = os.environ) -> bool:
     """Rank 0 as the launchers' variables tell it before any process group exists."""
     return all(environ.get(name, "0") == "0" for name in ("RANK", "SLURM_PROCID", "NODE_RANK", "GROUP_RANK",
                                                            "LOCAL_RANK"))
-
-
-def data_worker_timeout(timeout: timedelta) -> float:
-    """Half the collective timeout, so the rank whose worker stalled reports first."""
-    return timeout.total_seconds() / 2
 
 
 def release_process_group() -> None:

@@ -158,6 +158,7 @@ BAD_VALUES = [
      f"trainer.callbacks.{len(yaml.safe_load(train.DEFAULT_CONFIG.read_text())['trainer']['callbacks'])} "  # appended
      "user_classes.RefusingCallback cannot be built: AssertionError: not today"),
     (["--check_every_n_steps", "0"], "check_every_n_steps"),
+    (["--collective_timeout", "0"], "collective_timeout must be a number of seconds > 0; got '0.0' (see python"),
     (["--config", "missing.yaml"], "File does not exist"),
     (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
     (["--config", "broken.yaml"], "--config broken.yaml: not valid YAML"),

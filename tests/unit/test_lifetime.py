@@ -16,7 +16,6 @@ from fashion_mnist_dp.runtime.lifetime import (
     attempt,
     collective_timeout,
     configured_timeout,
-    data_worker_timeout,
     max_restarts,
     set_collective_timeout,
     shared_store_warning,
@@ -51,8 +50,6 @@ FAULTS = {
 def test_the_timeout_comes_from_the_environment_with_a_5_minute_default():
     assert collective_timeout({}) == timedelta(seconds=DEFAULT_TIMEOUT_S) == timedelta(minutes=5)
     assert collective_timeout({TIMEOUT_ENV: "20"}) == timedelta(seconds=20)
-    assert data_worker_timeout(collective_timeout({})) == 150
-    assert data_worker_timeout(collective_timeout({TIMEOUT_ENV: "20"})) == 10
     for bad in ("0", "-1", "abc", "inf", "nan"):
         with pytest.raises(ValueError, match=TIMEOUT_ENV):
             collective_timeout({TIMEOUT_ENV: bad})
