@@ -22,12 +22,14 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer import call
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from packaging.version import Version
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.tensorboard import SummaryWriter
 
 SUPPORTED = "Lightning 2.5.0 to 2.6.6 with torch 2.6.0 to 2.15.0"  # CI's two legs (docs/testing.md)
 DISPATCH, BATCH_HOOKS = "LeanDispatch's hook calls", "LeanDispatch's batch-hook owners asked once"
 EPOCH_END_CHECK = "a validation after every epoch's last batch"
 SIGTERM_BROADCAST = "Lightning's per-step SIGTERM broadcast off"
+TIMED_FSDP = "the breakdown's timed fsdp collectives"
 _UNUSED = object()  # an owner this run does not reach, or an attribute that is not there
 
 
@@ -51,6 +53,7 @@ def _accesses(trainer: Trainer) -> list:
     fsdp, timed_fsdp = isinstance(strategy, ModelParallelStrategy), "cpu" == strategy.root_device.type  # CUDA: untimed
     hooks = _reach("lightning.pytorch.trainer.connectors.data_connector", "_DataHookSelector")
     fsdp_state = _reach("torch.distributed.fsdp._fully_shard._fsdp_state", "FSDPState")
+    fsdp_group = _reach("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup")
     return [
         (True, "Preemption's signal handling (runtime/signals.py)", _reach(trainer, "_signal_connector"),
          "register_signal_handlers", _takes()),
@@ -79,8 +82,10 @@ def _accesses(trainer: Trainer) -> list:
          "_timeout", None),
         (False, "the breakdown's timed DDP all-reduce", only(isinstance(strategy, DDPStrategy), strategy),
          "_ddp_comm_hook", None),
-        (False, "the breakdown's timed fsdp collectives", only(fsdp and timed_fsdp, fsdp_state()),
-         "_fsdp_param_groups", None),
+        (False, TIMED_FSDP, only(fsdp and timed_fsdp, fsdp_state()), "_fsdp_param_groups", None),
+        (False, TIMED_FSDP, only(fsdp and timed_fsdp, FSDPModule), "_get_fsdp_state", _takes("self")),
+        (False, TIMED_FSDP, only(fsdp and timed_fsdp, fsdp_group), "__init__",  # instance attributes: what it sets
+         lambda init: {"_all_gather_comm", "_reduce_scatter_comm"} <= set(init.__code__.co_names)),
     ]
 
 
@@ -258,8 +263,11 @@ def set_ddp_comm_hook(strategy, hook, state=None) -> None:
 
 def fsdp_collectives(module) -> tuple:
     """An FSDP2 module's all-gather and reduce-scatter (no getter), with one parameter group; else (None, None)."""
-    groups = getattr(module._get_fsdp_state(), "_fsdp_param_groups", ())  # not in torch 2.7: ``check_supported``
-    return (groups[0]._all_gather_comm, groups[0]._reduce_scatter_comm) if len(groups) == 1 else (None, None)
+    state = getattr(module, "_get_fsdp_state", lambda: None)()  # missing or not in torch 2.7: ``check_supported``
+    groups = getattr(state, "_fsdp_param_groups", ())
+    comms = tuple(getattr(groups[0], name, None) for name in ("_all_gather_comm", "_reduce_scatter_comm")) if len(
+        groups) == 1 else (None, None)
+    return comms if None not in comms else (None, None)
 
 
 def launched_children(trainer: Trainer, release: bool = False) -> List[Any]:

@@ -166,6 +166,25 @@ def test_the_installed_lightning_and_torch_fit_every_access_the_start_up_check_m
     assert set(compat.unfit(trainer_of(strategy, devices=1 if strategy == "auto" else 2))) <= allowed
 
 
+def test_fsdp_collectives_whose_names_changed_are_left_untimed_and_the_start_block_says_so(monkeypatch):
+    """FSDP2's parameter group setting its comms under other names: no timing (no AttributeError on a rank), said."""
+    from types import SimpleNamespace
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    def renamed(self, *args, **kwargs):
+        self._all_gather_communication = self._reduce_scatter_communication = None
+
+    if not hasattr(FSDPState(), "_fsdp_param_groups"):
+        pytest.skip("this torch's FSDP2 keeps one parameter group (2.7): the timing is off already")
+    assert compat.TIMED_FSDP not in compat.unfit(trainer_of("fsdp_cpu", devices=2))
+    monkeypatch.setattr(FSDPParamGroup, "__init__", renamed)
+    assert compat.unfit(trainer_of("fsdp_cpu", devices=2))[compat.TIMED_FSDP] == (False, "FSDPParamGroup.__init__")
+    group = SimpleNamespace(_all_gather_communication=object(), _reduce_scatter_communication=object())
+    state = SimpleNamespace(_fsdp_param_groups=[group])
+    assert compat.fsdp_collectives(SimpleNamespace(_get_fsdp_state=lambda: state)) == (None, None)
+
+
 def test_a_changed_private_function_turns_its_optimisation_off_and_the_start_block_says_so(monkeypatch, capsys,
                                                                                            caplog, workdir,
                                                                                            fashion_root):
