@@ -79,7 +79,9 @@ def main(argv=None) -> None:
             print(f"round {number + 1}/{opts.rounds} {end}: "
                   + ", ".join(f"{k} {v:.0f}" for k, v in done["rates"].items())
                   + " images/sec; " + ", ".join(f"{k} {v:.2f}" for k, v in per_round[end][-1].items()), flush=True)
-    rows = [[f"{key}, images/sec", *(median_range(rates[end][key], ".0f") for end in pythons), ""]
+    # each loop's oldest / newest round by round: a and b share the kernels, c is bound by its per-image host work
+    rows = [[f"{key}, images/sec", *(median_range(rates[end][key], ".0f") for end in pythons),
+             median_range([o / n for o, n in zip(rates["oldest"][key], rates["newest"][key])], ".2f")]
             for key in "abc"]
     for name in ("b/a", "b/c"):
         medians = {end: statistics.median(r[name] for r in per_round[end]) for end in pythons}
