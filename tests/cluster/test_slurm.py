@@ -183,14 +183,15 @@ def test_a_task_layout_the_trainer_cannot_use_ends_with_one_line_and_exit_2(slur
 def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(slurm, tmp_path, rank_1):
     """Rank 0 finds no data (exit 65) while rank 1 waits to join its process group: without the failed task's
     SIGUSR2 to its step, rank 1 waited 2 x 300 s (the collective timeout, retried once). ``importing``: rank 1 is
-    still importing Lightning when the signal comes (tests/cluster/slow_import, which records that): before
-    train.py listened from its first lines, it died by the signal and srun returned 140."""
+    still importing Lightning when the signal comes: before train.py listened from its first lines, it died by the
+    signal and srun returned 140. tests/cluster/staged_start puts rank 1 at either point, whatever the machine's
+    load (under the full suite rank 1 once was still importing in the ``waiting`` case), and records that."""
     args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--network", "mlp", "--epochs", "1",
             "--data_dir", str(tmp_path / "no-data")]
     record = tmp_path / "record"
     record.mkdir()
-    env = ({"PYTHONPATH": str(Path(__file__).parent / "slow_import"), "SLOW_IMPORT_RECORD": str(record)}
-           if rank_1 == "importing" else {})
+    env = {"PYTHONPATH": str(Path(__file__).parent / "staged_start"), "STAGED_START": rank_1,
+           "STAGED_START_RECORD": str(record)}
     started = time.time()
     result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args, **env)
     seconds = ended - started
@@ -202,7 +203,8 @@ def test_a_task_failing_before_training_ends_the_step_without_kill_on_bad_exit(s
     if rank_1 == "importing":  # the signal came while rank 1 was importing (30 s): it ended there, without a line
         assert (record / "importing").exists() and not (record / "imported").exists()
         assert "rank 1: stopped because" not in result.stderr, result.stderr
-    else:
+    else:  # rank 1 listened before rank 0 went on to fail
+        assert (record / "listening").exists()
         assert re.search(r"^train\.py: rank 1: stopped because another task of SLURM step \d+\.\d+ failed",
                          result.stderr, flags=re.M), result.stderr
     assert "Traceback" not in result.stderr
