@@ -22,13 +22,14 @@ from typing import Dict, List, Optional, Tuple
 
 from torch import nn
 
-from lightning_modules.networks import _double_cbr_pool
+from lightning_modules.networks import _cbr, _double_cbr_pool
 
 RECIPE = "configs/recipes/fast_gpu.yaml"
 HELD_OUT = ["--data.val_size", "10000", "--test_after_fit", "false"]
 SAME_SHAPE = ["--data.batch_size", "1000", "--data.eval_batch_size", "1000",
               "--model.optimizer.init_args.fused", "true"]  # one multi-tensor kernel per step for AdamW
 NARROW = ["--model.network", "benchmarks.gpu_record.NarrowGpuCNN"]
+POOL_FIRST = ["--model.network", "benchmarks.gpu_record.PoolFirstGpuCNN"]
 
 
 class NarrowGpuCNN(nn.Sequential):
@@ -40,6 +41,20 @@ class NarrowGpuCNN(nn.Sequential):
         first, second, third = widths
         super().__init__(_double_cbr_pool(1, first), _double_cbr_pool(first, second), _double_cbr_pool(second, third),
                          nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(third, num_classes))
+
+
+class PoolFirstGpuCNN(nn.Sequential):
+    """A candidate for 94 % in 2 s: gpu_cnn's widths in airbench's block order (conv, 2x2 max-pool, batch-norm and
+    ReLU, then the block's second conv-BN-ReLU on the halved map): 49 M multiply-adds per image, 0.42 of gpu_cnn's,
+    and a quarter of the pixels through the second layer's batch-norm and ReLU. Shipped only if it wins on a GPU."""
+
+    def __init__(self, num_classes: int = 10, widths: Tuple[int, int, int] = (64, 128, 256)) -> None:
+        layers, c_in = [], 1
+        for width in widths:
+            layers += [nn.Conv2d(c_in, width, 3, padding=1, bias=False), nn.MaxPool2d(2), nn.BatchNorm2d(width),
+                       nn.ReLU(inplace=True), *_cbr(width, width)]
+            c_in = width
+        super().__init__(*layers, nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(c_in, num_classes))
 
 
 # name: (target accuracy, target training seconds, flags on top of fast_gpu.yaml). A candidate with "{mode}" takes
@@ -66,6 +81,10 @@ CANDIDATES: Dict[str, tuple] = {
     "narrow 56/112/224, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--model.network.init_args.widths",
                                                      "[56,112,224]", "--trainer.max_epochs", "8",
                                                      "--model.compile", "{mode}"]),
+    "pool-first 64/128/256, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *POOL_FIRST, "--trainer.max_epochs", "8",
+                                                        "--model.compile", "{mode}"]),
+    "pool-first 64/128/256, 10 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *POOL_FIRST, "--trainer.max_epochs", "10",
+                                                         "--model.compile", "{mode}"]),
 }
 MODES = {"gpu_cnn 8 ep, eager": "false", "gpu_cnn 8 ep, compile": "true",
          "gpu_cnn 8 ep, reduce-overhead": "reduce-overhead"}

@@ -29,18 +29,25 @@ def test_the_search_holds_out_a_validation_split_reads_no_test_and_keeps_one_bat
         assert (target, seconds) in ((0.94, 2.0), (0.95, 15.0))
 
 
-def test_every_candidate_a_session_stage_names_is_one_and_the_narrow_network_has_the_widths_it_is_given():
+def test_every_candidate_a_session_stage_names_is_one_and_the_cheaper_networks_have_the_widths_they_are_given():
     import re
     from pathlib import Path
 
     import torch
     from torch import nn
 
-    from benchmarks.gpu_record import NarrowGpuCNN
+    from benchmarks.gpu_record import NarrowGpuCNN, PoolFirstGpuCNN
 
     script = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh").read_text()
-    named = re.findall(r'"((?:gpu_cnn|narrow|staged_cnn) [^"]*)"', script)
+    named = re.findall(r'"((?:gpu_cnn|narrow|pool-first|staged_cnn) [^"]*)"', script)
     assert len(named) >= 6 and [name for name in named if name not in CANDIDATES] == []  # a typo: silently not run
     network = NarrowGpuCNN(widths=(56, 112, 224))
     assert [m.out_channels for m in network.modules() if isinstance(m, nn.Conv2d)] == [56, 56, 112, 112, 224, 224]
     assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    network = PoolFirstGpuCNN(widths=(8, 16, 32))  # each block's second convolution on the halved map
+    convs = [m for m in network.modules() if isinstance(m, nn.Conv2d)]
+    sizes = []
+    for conv in convs:
+        conv.register_forward_hook(lambda module, inputs, output: sizes.append(inputs[0].shape[-1]))
+    assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert [c.out_channels for c in convs] == [8, 8, 16, 16, 32, 32] and sizes == [28, 14, 14, 7, 7, 3]
