@@ -33,9 +33,10 @@ POOL_FIRST = ["--model.network", "benchmarks.gpu_record.PoolFirstGpuCNN"]
 
 
 class NarrowGpuCNN(nn.Sequential):
-    """A candidate for 94 % in 2 s: gpu_cnn's three stages at other widths. The step is bound by the GPU's arithmetic,
-    which goes with the square of the width: 48/96/192 is 0.56 of gpu_cnn's per image, 56/112/224 0.77. Shipped (as
-    a width of GpuCNN) only if it wins on a GPU."""
+    """A candidate for 94 % in 2 s: gpu_cnn's three stages at other widths. The arithmetic goes with the square of
+    the width: 48/96/192 is 0.56 of gpu_cnn's per image. On held-out images it lost more accuracy than
+    PoolFirstGpuCNN, which is cheaper (docs/benchmarks.md); kept as the stage's one point of GPU time per
+    multiply-add at gpu_cnn's block order."""
 
     def __init__(self, num_classes: int = 10, widths: Tuple[int, int, int] = (48, 96, 192)) -> None:
         first, second, third = widths
@@ -76,14 +77,11 @@ CANDIDATES: Dict[str, tuple] = {
                     "--model.compile", "{mode}"]),
     "narrow 48/96/192, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--trainer.max_epochs", "8",
                                                     "--model.compile", "{mode}"]),
-    "narrow 48/96/192, 10 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--trainer.max_epochs", "10",
-                                                     "--model.compile", "{mode}"]),
-    "narrow 56/112/224, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *NARROW, "--model.network.init_args.widths",
-                                                     "[56,112,224]", "--trainer.max_epochs", "8",
-                                                     "--model.compile", "{mode}"]),
     "pool-first 64/128/256, 8 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *POOL_FIRST, "--trainer.max_epochs", "8",
                                                         "--model.compile", "{mode}"]),
     "pool-first 64/128/256, 10 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *POOL_FIRST, "--trainer.max_epochs", "10",
+                                                         "--model.compile", "{mode}"]),
+    "pool-first 64/128/256, 12 ep, {mode}": (0.94, 2.0, [*SAME_SHAPE, *POOL_FIRST, "--trainer.max_epochs", "12",
                                                          "--model.compile", "{mode}"]),
 }
 MODES = {"gpu_cnn 8 ep, eager": "false", "gpu_cnn 8 ep, compile": "true",
