@@ -3,7 +3,7 @@
     FASHION_MNIST_DIR=<data> python -m benchmarks.gpu_record --summary record.md --choice choice.sh [--budget 240]
 
 A device lease is minutes, and a fresh ``train.py`` spends ~15 s starting; so each candidate of :data:`CANDIDATES`
-runs through ``train.main`` in this process (seed 42, 10,000 training images held out as the validation split, no
+runs through ``train.main`` in this process (seed 42 unless ``--seed``, 10,000 training images held out as the validation split, no
 test), and the one to measure is chosen on that split alone (airbench's rules: the test split is never looked at to
 choose). For each target, the fastest candidate by training time less the first step (which holds ``torch.compile``)
 whose held-out accuracy reaches it; none: the most accurate. ``--choice`` gets one shell line per target, ``TARGET
@@ -129,11 +129,12 @@ def main(argv=None) -> None:
     parser.add_argument("--choice", type=Path, required=True, help="one line per target: TARGET FLAGS...")
     parser.add_argument("--budget", type=float, default=240.0, help="no candidate starts after this many seconds")
     parser.add_argument("--only", nargs="*", help="candidate names (default: all)")
+    parser.add_argument("--seed", type=int, default=42, help="every candidate's seed (more seeds: more calls)")
     opts, extra = parser.parse_known_args(argv)  # extra: flags for every run (a CPU smoke test: --trainer.accelerator)
     started, results, mode = time.perf_counter(), {}, "false"
     with open(opts.summary, "a") as summary:
-        summary.write("| candidate (held-out split, seed 42) | epochs | training s | first step s | training s less "
-                      "the first step | held-out acc | wall s |\n|---|---|---|---|---|---|---|\n")
+        summary.write(f"| candidate (held-out split, seed {opts.seed}) | epochs | training s | first step s | training "
+                      "s less the first step | held-out acc | wall s |\n|---|---|---|---|---|---|---|\n")
         for key, (_, _, flags) in CANDIDATES.items():
             if opts.only is not None and key not in opts.only:
                 continue
@@ -142,7 +143,7 @@ def main(argv=None) -> None:
                 summary.write(f"| {name} | not run: past the {opts.budget:.0f} s budget | | | | | |\n")
                 continue
             try:
-                result = run_in_process([*HELD_OUT, *[f.format(mode=mode) for f in flags], *extra])
+                result = run_in_process([*HELD_OUT, *[f.format(mode=mode) for f in flags], *extra], opts.seed)
             except (Exception, SystemExit) as error:  # a candidate that fails is a row, not the end of the lease
                 result = {"error": f"{type(error).__name__}: {error}"[:200]}
             results[name] = {**result, "key": key, "flags": [f.format(mode=mode) for f in flags]}
