@@ -3,11 +3,12 @@
     FASHION_MNIST_DIR=<data> python -m benchmarks.gpu_record --summary record.md --choice choice.sh [--budget 240]
 
 A device lease is minutes, and a fresh ``train.py`` spends ~15 s starting; so each candidate of :data:`CANDIDATES`
-runs through ``train.main`` in this process (seed 42 unless ``--seed``, 10,000 training images held out as the validation split, no
-test), and the one to measure is chosen on that split alone (airbench's rules: the test split is never looked at to
-choose). For each target, the fastest candidate by training time less the first step (which holds ``torch.compile``)
-whose held-out accuracy reaches it; none: the most accurate. ``--choice`` gets one shell line per target, ``TARGET
-FLAGS...``, for ``benchmarks.recipe_runs`` to measure in fresh processes over 5 seeds with the test split.
+runs through ``train.main`` in this process (seed 42 unless ``--seed``, 10,000 training images held out as the
+validation split, no test), and the one to measure is chosen on that split alone (airbench's rules: the test split
+is never looked at to choose). For each target, the fastest candidate by training time less the first step (which
+holds ``torch.compile``) whose held-out accuracy reaches it; none: the most accurate. ``--choice`` gets one shell
+line per target, ``TARGET FLAGS...``, for ``benchmarks.recipe_runs`` to measure in fresh processes over 5 seeds
+with the test split.
 
 Every batch size divides both 50,000 and 60,000 images: an epoch's last batch has the same shape as the others, so a
 compiled network compiles once, in the first step, not again inside the timed epoch.
