@@ -22,9 +22,12 @@ LAUNCHER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"
 
 def clean_env(extra: Optional[Dict[str, str]] = None, keep_data_dir: bool = False) -> Dict[str, str]:
     """This environment without launcher or cluster (SLURM_*) variables, nor ``FASHION_MNIST_DIR`` unless
-    ``keep_data_dir``; unbuffered, one thread per process (``extra`` may say otherwise)."""
+    ``keep_data_dir`` (then made absolute: the children run in other folders); unbuffered, one thread per process
+    (``extra`` may say otherwise)."""
     dropped = [k for k in LAUNCHER_ENV if not (keep_data_dir and k == "FASHION_MNIST_DIR")]
     env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("SLURM_")}
+    if env.get("FASHION_MNIST_DIR"):
+        env["FASHION_MNIST_DIR"] = os.path.abspath(env["FASHION_MNIST_DIR"])
     env.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, **(extra or {}))
     return env
 

@@ -77,3 +77,14 @@ def test_each_ablation_variant_takes_out_its_one_choice_of_the_record_recipe(cap
                 in changed, changed
         else:
             assert changed == {flag.lstrip("-") for flag in flags[::2]}, (name, changed)
+
+
+def test_a_relative_data_folder_reaches_the_benchmarks_runs_as_absolute(monkeypatch, tmp_path):
+    """The docs' commands say FASHION_MNIST_DIR=../shared/data, and each run trains in a temporary folder: the
+    relative path would name a folder that does not exist there."""
+    from benchmarks.launch import clean_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FASHION_MNIST_DIR", "../shared/data")
+    assert clean_env(keep_data_dir=True)["FASHION_MNIST_DIR"] == str(tmp_path.parent / "shared" / "data")
+    assert "FASHION_MNIST_DIR" not in clean_env()
