@@ -1,7 +1,8 @@
 """The CPU record's ablation: the recipe, then each of its choices removed in turn, on images held out of the
 training set (the test split is never read), seeds 42, 43, ... with the variants alternating within each seed.
 
-    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.ablation [RECIPE] [--runs 3]
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.ablation [RECIPE] [--runs 3] [--first-seed 42]
+        [--only VARIANT ...]
 
 RECIPE: configs/recipes/record_cpu.yaml unless given.
 
@@ -36,15 +37,17 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe", nargs="?", default="configs/recipes/record_cpu.yaml")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=42, help="seeds FIRST, FIRST+1, ... (a series continued)")
     parser.add_argument("--only", nargs="*", choices=list(WITHOUT), help="these variants only (the recipe always)")
     opts = parser.parse_args(argv)
     variants = [name for name in WITHOUT if name == "the recipe" or not opts.only or name in opts.only]
     rows = run_series(variants, opts.runs, [],
-                      run=lambda name, seed, extra: one_run(opts.recipe, seed, [*HELD_OUT, *WITHOUT[name]]))
+                      run=lambda name, seed, extra: one_run(opts.recipe, seed, [*HELD_OUT, *WITHOUT[name]]),
+                      first_seed=opts.first_seed)
     base_acc = statistics.median(r["val_acc"] for r in rows["the recipe"])
     base_s = statistics.median(r["train_s"] for r in rows["the recipe"])
-    print(f"\n{opts.recipe}, {opts.runs} seeds each (42-{41 + opts.runs}), 5,000 training images held out; "
-          f"{machine()}\n")
+    seeds = f"{opts.first_seed}-{opts.first_seed + opts.runs - 1}"
+    print(f"\n{opts.recipe}, {opts.runs} seeds each ({seeds}), 5,000 training images held out; {machine()}\n")
     print(markdown_table(
         ["variant", "held-out accuracy", "Δ accuracy (points)", "training s", "× the recipe's time"],
         [[name, median_range([100 * r["val_acc"] for r in rs], ".2f"),
