@@ -23,7 +23,7 @@ HELD_OUT = ["--data.val_size", "5000", "--test_after_fit", "false"]
 WITHOUT = {
     "the recipe": [],
     "fast_cnn instead of staged_cnn": ["--model.network", "lightning_modules.networks.FastCNN"],
-    "6 epochs instead of 8": ["--trainer.max_epochs", "6"],  # docs/benchmarks.md's table: 8 instead of 10
+    "6 epochs instead of 8": ["--trainer.max_epochs", "6"],  # the 10-epoch table's row was 8 instead of 10
     "no warm-up": ["--model.lr_policy.warmup_epochs", "0"],
     "no flips in training": ["--data.horizontal_flip", "false"],
     "no flip test-time augmentation": ["--model.flip_test_time", "false"],

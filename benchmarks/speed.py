@@ -248,11 +248,14 @@ def train_py_rate(network: str, batch: int, steps, epochs: int, extra=(), thread
 
 
 def wall_seconds(command: List[str]) -> float:
-    """Wall-clock seconds of ``command`` in a scratch folder; NaN (with its error on stderr) if it fails,
-    so that a failure here does not throw away the measurements made before."""
+    """Wall-clock seconds of ``command`` in a scratch folder (torch's own thread count, the data folder kept);
+    NaN (with its error on stderr) if it fails, so that a failure here does not throw away the measurements made
+    before."""
+    env = launch.clean_env(keep_data_dir=True)
+    env.pop("OMP_NUM_THREADS")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cwd:
-        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         print(f"{' '.join(command[1:])} failed (exit {result.returncode}): {result.stderr[-500:]}", file=sys.stderr)
         return float("nan")

@@ -88,3 +88,17 @@ def test_a_relative_data_folder_reaches_the_benchmarks_runs_as_absolute(monkeypa
     monkeypatch.setenv("FASHION_MNIST_DIR", "../shared/data")
     assert clean_env(keep_data_dir=True)["FASHION_MNIST_DIR"] == str(tmp_path.parent / "shared" / "data")
     assert "FASHION_MNIST_DIR" not in clean_env()
+
+
+def test_make_bench_start_up_rows_see_the_data_folder_from_their_scratch_folder(monkeypatch, tmp_path):
+    """benchmarks.speed's start-up rows (its "first step" trains) run in a scratch folder: a relative
+    FASHION_MNIST_DIR reaches them absolute, else the row is NaN."""
+    import math
+    import sys
+
+    from benchmarks.speed import wall_seconds
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FASHION_MNIST_DIR", "data")
+    check = f"import os; assert os.environ['FASHION_MNIST_DIR'] == {str(tmp_path / 'data')!r}"
+    assert not math.isnan(wall_seconds([sys.executable, "-c", check]))
