@@ -55,11 +55,17 @@ def test_a_rank_slower_by_a_known_delay_makes_the_other_wait_that_long(tmp_path,
     assert rank1["backward"] - rank0["backward"] == pytest.approx(expected, rel=0.2), slow  # where rank 1 spent it
     assert [rank for rank, _ in slow["slowest"]] == [1] * EPOCHS, slow
     assert all(line.startswith("Step time (slowest rank 1, +") for line in slow["lines"]), slow["lines"]
-    # per window between decision points (every 2 steps): 2 windows an epoch, each with 2 steps' delay
+    # per window between decision points (every 2 steps): 2 windows an epoch, each with 2 steps' delay; the first
+    # also holds the ranks' start-up skew at their first collective (CI once read 0.257 s there), so it gets an upper
+    # bound that one window too many steps (0.4 s) still breaks
     windows = slow["windows"]
     assert [int(float(row["step"])) for row in windows] == [1, 3, 5, 7], windows
-    for row in windows:
-        assert float(row["window/wait/rank0"]) == pytest.approx(2 * DELAY_S, rel=0.2), row
+    for index, row in enumerate(windows):
+        waited = float(row["window/wait/rank0"])
+        if index == 0:
+            assert 0.8 * 2 * DELAY_S <= waited <= 1.5 * 2 * DELAY_S, row
+        else:
+            assert waited == pytest.approx(2 * DELAY_S, rel=0.2), row
         assert float(row["window/wait/rank1"]) < 0.2 * 2 * DELAY_S and row["window/slowest_rank"] == "1.0", row
 
 
