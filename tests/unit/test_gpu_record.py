@@ -44,17 +44,17 @@ def test_every_candidate_a_session_stage_names_is_one_and_the_cheaper_networks_h
     network = NarrowGpuCNN(widths=(56, 112, 224))
     assert [m.out_channels for m in network.modules() if isinstance(m, nn.Conv2d)] == [56, 56, 112, 112, 224, 224]
     assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
-    network = PoolFirstGpuCNN(stages=[(8, 2), (16, 2), (32, 2)])  # each block's second convolution on the halved map
-    convs = [m for m in network.modules() if isinstance(m, nn.Conv2d)]
-    sizes = []
-    for conv in convs:
-        conv.register_forward_hook(lambda module, inputs, output: sizes.append(inputs[0].shape[-1]))
-    assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
-    assert [c.out_channels for c in convs] == [8, 8, 16, 16, 32, 32] and sizes == [28, 14, 14, 7, 7, 3]
-    network = PoolFirstGpuCNN(stages=[(4, 1), (8, 3)])  # the CPU trial's shape: one convolution, then three
-    convs = [m for m in network.modules() if isinstance(m, nn.Conv2d)]
-    sizes.clear()
-    for conv in convs:
-        conv.register_forward_hook(lambda module, inputs, output: sizes.append(inputs[0].shape[-1]))
-    assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
-    assert [c.out_channels for c in convs] == [4, 8, 8, 8] and sizes == [28, 14, 7, 7]
+
+    def widths_and_input_sizes(network):
+        """Each convolution's width and the map size it runs at, from one forward of 2 blank images."""
+        convs, sizes = [m for m in network.modules() if isinstance(m, nn.Conv2d)], []
+        for conv in convs:
+            conv.register_forward_hook(lambda module, inputs, output: sizes.append(inputs[0].shape[-1]))
+        assert network(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+        return [c.out_channels for c in convs], sizes
+
+    # each block's second convolution on the halved map
+    assert widths_and_input_sizes(PoolFirstGpuCNN(stages=[(8, 2), (16, 2), (32, 2)])) == (
+        [8, 8, 16, 16, 32, 32], [28, 14, 14, 7, 7, 3])
+    # the CPU trial's shape: one convolution, then three
+    assert widths_and_input_sizes(PoolFirstGpuCNN(stages=[(4, 1), (8, 3)])) == ([4, 8, 8, 8], [28, 14, 7, 7])
