@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 from lightning_modules.networks import NORM_LAYERS
 
 ScalingRule = Literal["none", "linear", "sqrt"]
-ScheduleName = Literal["constant", "cosine", "step", "linear"]
+ScheduleName = Literal["constant", "cosine", "step"]
 
 
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
@@ -48,9 +48,6 @@ def lr_factor(step: int, *, warmup_steps: int, warmup_start_factor: float, total
     if schedule == "cosine":
         span = max(1, total_steps - warmup_steps)
         return 0.5 * (1.0 + math.cos(math.pi * min(after, span) / span))
-    if schedule == "linear":  # a trial of the CPU record (docs/benchmarks.md), removed in the next commit
-        span = max(1, total_steps - warmup_steps)
-        return 1.0 - min(after, span) / span
     if schedule == "step":
         return gamma ** (after // max(1, step_size))
     raise ValueError(f"unknown lr_policy.schedule {schedule!r}; choose one of: constant, cosine, step")
