@@ -109,7 +109,7 @@ def test_images_per_sec_is_logged_per_window_at_the_steps_lightning_writes_its_l
                and row["epoch"] in ("0.0", "1.0") for row in windows)  # one device
     # Each window's seconds are its images over its rate. Back to back from the start, the windows hold all of the
     # first epoch (its tail after the last batch is in the next window) and end at a step of the second, so their
-    # sum lies between the two epochs' times, whatever the machine's load: a rate off by a factor leaves the band.
+    # sum lies between the first epoch's time and both epochs', whatever the load: a rate off by 2x leaves that band.
     window_s = sum(every * accumulate * 32 / float(row["throughput/window/images_per_sec"]) for row in windows)
     epoch_s = [float(row["time/epoch_s"]) for row in rows if row.get("time/epoch_s")]
     assert len(epoch_s) == 2 and epoch_s[0] < window_s <= (epoch_s[0] + epoch_s[1]) * (1 + 1e-9)
