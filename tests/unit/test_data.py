@@ -134,19 +134,37 @@ def test_the_held_out_split_is_disjoint_stratified_and_the_same_every_time():
         stratified_holdout(labels, 1000)
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_validation_on_held_out_images_sees_each_once_and_none_of_them_is_trained_on(fashion_root, world_size):
+def held_out_and_trained(fashion_root, world_size: int, **data_args):
+    """The sample ids every rank validates on and trains on, and the held-out class counts."""
     seen_val, seen_train = [], []
     for rank in range(world_size):
-        data = FashionMNISTDataModule(data_dir=str(fashion_root), val_size=40, eval_batch_size=7, download=False)
+        data = FashionMNISTDataModule(data_dir=str(fashion_root), val_size=40, eval_batch_size=7, download=False,
+                                      **data_args)
         data.trainer = SimpleNamespace(world_size=world_size, global_rank=rank,
                                        strategy=SimpleNamespace(root_device=torch.device("cpu")), training=False)
         data.setup("fit")
         assert not data.validates_on_test_split and len(data.train_set) == 256 - 40
         seen_val += [i for images, _ in data.val_dataloader() for i in sample_ids(normalised(images))]
         seen_train += [i for images, _ in data.train_dataloader() for i in sample_ids(normalised(images))]
+    return seen_val, seen_train, torch.bincount(data.val_set.targets, minlength=10).tolist()
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("val_seed", [0, 1])
+def test_validation_on_held_out_images_sees_each_once_and_none_of_them_is_trained_on(fashion_root, world_size,
+                                                                                    val_seed):
+    seen_val, seen_train, _ = held_out_and_trained(fashion_root, world_size, val_seed=val_seed)
     assert sorted(seen_val) == sorted(set(seen_val)) and len(seen_val) == 40  # each held-out image once
     assert set(seen_val).isdisjoint(seen_train) and len(set(seen_train)) == 216
+
+
+def test_val_seed_holds_out_another_set_with_the_same_classes_and_zero_is_the_default(fashion_root):
+    default, _, default_counts = held_out_and_trained(fashion_root, 1)
+    zero, _, _ = held_out_and_trained(fashion_root, 1, val_seed=0)
+    sets = [set(held_out_and_trained(fashion_root, 1, val_seed=seed)[0]) for seed in (1, 2)]
+    assert default == zero
+    assert set(default) != sets[0] and set(default) != sets[1] and sets[0] != sets[1]
+    assert held_out_and_trained(fashion_root, 2, val_seed=1)[2] == default_counts  # stratified alike, any world size
 
 
 def test_the_test_after_fit_uses_the_last_epoch_when_validation_is_the_test_split(capsys, workdir, fashion_root):
