@@ -25,6 +25,7 @@ WITHOUT = {
     "fast_cnn instead of staged_cnn": ["--model.network", "lightning_modules.networks.FastCNN"],
     "6 epochs instead of 8": ["--trainer.max_epochs", "6"],  # the 10-epoch table's row was 8 instead of 10
     "no warm-up": ["--model.lr_policy.warmup_epochs", "0"],
+    "no label smoothing": ["--model.label_smoothing", "0"],
     "no flips in training": ["--data.horizontal_flip", "false"],
     "no flip test-time augmentation": ["--model.flip_test_time", "false"],
     "fp32 instead of bf16 autocast": ["--trainer.precision", "32-true"],
