@@ -115,6 +115,10 @@ class FashionMNISTDataModule(LightningDataModule):
         if missing:
             download_or_raise(self.data_dir, missing, self.download, self.mirror)
         check_raw_folder(folder.resolve())
+        if self.val_seed and not self.val_size:
+            raise MisconfigurationException(
+                f"--data.val_seed {self.val_seed} chooses the images --data.val_size holds out, and that is 0 "
+                f"(validation on the test split): give --data.val_size N too, or leave val_seed at 0")
         left = read_header(folder / SPLITS[0][0], 3)[0] - self.val_size
         self._check_train_subset(left)
         self._check_batch_fits(self.train_subset or left)
