@@ -64,9 +64,8 @@ class FashionMNISTDataModule(LightningDataModule):
         val_size: Hold out this many training images (stratified by class, the same for every seed and world size)
             and validate on them; 0: validate on the 10,000-image test split, as the DLI workshop does (then nothing
             may be selected on validation: the test after fit evaluates the last epoch, not the best).
-        val_seed: Which images ``val_size`` holds out (the seed of the stratified draw). One fixed set judges a
-            choice on those images only: to decide a small difference, give each run seed its own set
-            (docs/benchmarks.md, "One held-out set is not enough")."""
+        val_seed: Which images ``val_size`` holds out (the draw's seed): to judge a small difference, give each run
+            seed its own set, not one set for all (docs/benchmarks.md, "One held-out set is not enough")."""
 
     def __init__(
         self,
@@ -98,8 +97,7 @@ class FashionMNISTDataModule(LightningDataModule):
         self.random_crop_padding = random_crop_padding
         self.horizontal_flip = horizontal_flip
         self.keep_on_device = keep_on_device
-        self.train_subset = train_subset
-        self.virtual_devices = virtual_devices
+        self.train_subset, self.virtual_devices = train_subset, virtual_devices
         self.val_size, self.val_seed = val_size, val_seed
         self.train_set: Optional[InMemoryImages] = None
         self.val_set: Optional[InMemoryImages] = None  # the held-out images; None: validation is the test split
@@ -116,9 +114,8 @@ class FashionMNISTDataModule(LightningDataModule):
             download_or_raise(self.data_dir, missing, self.download, self.mirror)
         check_raw_folder(folder.resolve())
         if self.val_seed and not self.val_size:
-            raise MisconfigurationException(
-                f"--data.val_seed {self.val_seed} chooses the images --data.val_size holds out, and that is 0 "
-                f"(validation on the test split): give --data.val_size N too, or leave val_seed at 0")
+            raise MisconfigurationException(f"--data.val_seed {self.val_seed} chooses the images --data.val_size "
+                                            "holds out, and that is 0: give --data.val_size N too, or leave it at 0")
         left = read_header(folder / SPLITS[0][0], 3)[0] - self.val_size
         self._check_train_subset(left)
         self._check_batch_fits(self.train_subset or left)

@@ -132,8 +132,8 @@ BAD_VALUES = [
     (["--data.train_subset", "193", "--data.val_size", "64"],
      "--data.train_subset 193 is more than the 192 training images after --data.val_size 64 held out: give at most "
      "192, or leave it unset"),
-    (["--data.val_seed", "3"], "--data.val_seed 3 chooses the images --data.val_size holds out, and that is 0 "
-                               "(validation on the test split): give --data.val_size N too, or leave val_seed at 0"),
+    (["--data.val_seed", "3"], "--data.val_seed 3 chooses the images --data.val_size holds out, and that is 0: give "
+                               "--data.val_size N too, or leave it at 0"),
     (["--epochs", "-5"], "trainer.max_epochs (--epochs) must be >= 1, or -1 for no limit; got -5"),
     (["--batch_size", "-3"], "data.batch_size"),
     (["--lr", "0"], "--lr must be a number > 0"),
