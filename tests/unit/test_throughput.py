@@ -98,9 +98,9 @@ def test_images_per_sec_is_logged_per_window_at_the_steps_lightning_writes_its_l
     from callbacks.run_record import MetricsCSV, read_rows
     from tests.unit.conftest import tiny_fit
 
-    logger = MetricsCSV(str(tmp_path), name="run", version=0)
+    logger, batch = MetricsCSV(str(tmp_path), name="run", version=0), 32
     tiny_fit(fashion_root, tmp_path, [ThroughputReport()], logger=logger, limit_val_batches=0, max_epochs=2,
-             log_every_n_steps=every, accumulate_grad_batches=accumulate)
+             log_every_n_steps=every, accumulate_grad_batches=accumulate, batch_size=batch)
     rows = read_rows(tmp_path / "run" / "version_0" / "metrics.csv")
     windows = [row for row in rows if row.get("throughput/window/images_per_sec")]
     assert [int(row["step"]) for row in windows] == steps
@@ -110,7 +110,7 @@ def test_images_per_sec_is_logged_per_window_at_the_steps_lightning_writes_its_l
     # Each window's seconds are its images over its rate. Back to back from the start, the windows hold all of the
     # first epoch (its tail after the last batch is in the next window) and end at a step of the second, so their
     # sum lies between the first epoch's time and both epochs', whatever the load: a rate off by 2x leaves that band.
-    window_s = sum(every * accumulate * 32 / float(row["throughput/window/images_per_sec"]) for row in windows)
+    window_s = sum(every * accumulate * batch / float(row["throughput/window/images_per_sec"]) for row in windows)
     epoch_s = [float(row["time/epoch_s"]) for row in rows if row.get("time/epoch_s")]
     assert len(epoch_s) == 2 and epoch_s[0] < window_s <= (epoch_s[0] + epoch_s[1]) * (1 + 1e-9)
 
