@@ -4,7 +4,7 @@
     python train.py --strategy ddp --devices 4        # 4 GPUs over NCCL (gloo with --accelerator cpu)
     python train.py --config configs/recipes/sgd_momentum.yaml --epochs 5
     python train.py --epochs 5 --ckpt_path last       # resume the newest run of this experiment
-    python train.py test --ckpt_path runs/cnn-single-1x128-sgd/checkpoints/last.ckpt
+    python train.py test --ckpt_path runs/cnn-auto-batch128-sgd/20261201-233431-seed42/checkpoints/last.ckpt
 
 What happens when you run it:
 

@@ -42,11 +42,22 @@ class MetricsCSV(TensorBoardLogger):
         ``write_every_s``: between the writes :meth:`write_now` makes, the files are written at most this often."""
         super().__init__(save_dir or "runs", name=name, version=version, default_hp_metric=default_hp_metric,
                          purge_step=purge_step, **kwargs)
+        self.run_name = version
         self.rows: Optional[List[Dict[str, Any]]] = None  # loaded at the first row
         self.purge_step = purge_step
         self.write_every_s = write_every_s
         self._written: Tuple[int, List[str], str] = (0, [], "")  # rows in the file, its columns, its text
         self._written_at = -float("inf")  # time.monotonic() of the last write
+
+    @property
+    def version(self) -> Union[int, str]:
+        """The run's folder: its name given (``version``, or a resumed run's), or set before the run starts (train.py
+        makes a new run's folder: ``20261201-233431-seed42``); else Lightning's next ``version_N``."""
+        return self.run_name if self.run_name is not None else super().version
+
+    @version.setter
+    def version(self, name: str) -> None:
+        self.run_name = name
 
     @property
     def path(self) -> Path:
@@ -171,9 +182,9 @@ def read_latest(run_dir: Union[str, Path]) -> Dict[str, float]:
 
 
 def run_dirs(root: Union[str, Path]) -> List[Path]:
-    """The run folders (``<name>/version_<n>``) under ``root`` (a ``default_root_dir``) that hold a ``metrics.csv``,
+    """The run folders (``<experiment>/<run>``) under ``root`` (a ``default_root_dir``) that hold a ``metrics.csv``,
     oldest first."""
-    return sorted((p.parent for p in Path(root).glob(f"*/version_*/{FILE_NAME}")), key=lambda p: p.stat().st_mtime)
+    return sorted((p.parent for p in Path(root).glob(f"*/*/{FILE_NAME}")), key=lambda p: p.stat().st_mtime)
 
 
 @dataclass(frozen=True)

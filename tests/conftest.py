@@ -74,10 +74,18 @@ def workdir(tmp_path, monkeypatch) -> Path:
 
 
 def experiment_dir(cwd: Path) -> Path:
-    """The one experiment folder a run made in ``cwd``: ``runs/<run name>/`` (its ``version_N`` logs and its
-    ``checkpoints``), whatever the run was named."""
+    """The one experiment folder a run made in ``cwd``: ``runs/<experiment>/``, holding its runs' folders, whatever the
+    experiment was named."""
     found = [p for p in (Path(cwd) / "runs").iterdir() if p.is_dir()]
     assert len(found) == 1, f"expected one experiment folder in {cwd}/runs, found {[p.name for p in found]}"
+    return found[0]
+
+
+def run_dir(cwd: Path) -> Path:
+    """The one run folder of the one experiment in ``cwd``: ``runs/<experiment>/<run>/`` (its checkpoints/, metrics.csv,
+    TensorBoard's events, config.yaml, hparams.yaml, run.json), whatever the run was named."""
+    found = [p for p in experiment_dir(cwd).iterdir() if p.is_dir()]
+    assert len(found) == 1, f"expected one run folder in {experiment_dir(cwd)}, found {[p.name for p in found]}"
     return found[0]
 
 

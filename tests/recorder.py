@@ -199,7 +199,8 @@ class NonFiniteGradient(Callback):
 
 class SlowSteps(Callback):
     """Each training batch takes at least ``seconds``; from optimizer step ``mark_at`` on, rank 0 writes
-    ``$SAMPLE_RECORD_DIR/step`` (the step number), so a test knows training is under way before it signals."""
+    ``$SAMPLE_RECORD_DIR/step`` (the step number), so a test knows training is under way before it signals. In a
+    SLURM job array: ``step-<task id>-<start>``, start 0 and then 1 for a requeued start."""
 
     def __init__(self, seconds: float = 0.2, mark_at: int = 1) -> None:
         self.seconds = seconds
@@ -208,8 +209,9 @@ class SlowSteps(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         time.sleep(self.seconds)
         if trainer.is_global_zero and trainer.global_step >= self.mark_at:
-            marker = Path(os.environ["SAMPLE_RECORD_DIR"]) / "step"
-            marker.write_text(str(trainer.global_step))
+            task = os.environ.get("SLURM_ARRAY_TASK_ID")
+            name = f"step-{task}-{os.environ.get('SLURM_RESTART_COUNT', '0')}" if task else "step"
+            (Path(os.environ["SAMPLE_RECORD_DIR"]) / name).write_text(str(trainer.global_step))
 
 
 class BreakCheckpointFolder(Callback):

@@ -16,7 +16,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from benchmarks.launch import clean_env, running_in, start_all, stop
-from tests.conftest import TRAIN_PY, run_train, experiment_dir
+from tests.conftest import TRAIN_PY, run_train, experiment_dir, run_dir
 
 # torchrun restarts in tests/test_restarts.py: one per attempt but the last, 10 as docs/reliability.md promises (each
 # attempt costs ~10 s of start-up on 2 cores, mostly imports; FASHION_MNIST_TEST_RESTARTS=3 for a quicker check).
@@ -33,11 +33,11 @@ DETERMINISTIC_TAGS = ("train/loss", "val/loss", "val/acc", "val/acc_low95", "val
 
 
 def run_folder(cwd: Path) -> Path:
-    return experiment_dir(cwd) / "version_0"
+    return run_dir(cwd)
 
 
 def last_checkpoint(cwd: Path) -> dict:
-    return torch.load(experiment_dir(cwd) / "checkpoints" / "last.ckpt", map_location="cpu",
+    return torch.load(run_dir(cwd) / "checkpoints" / "last.ckpt", map_location="cpu",
                       weights_only=False)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from tests.epoch_lines import parse_epoch_lines
 from fashion_mnist_dp.runtime.checkpoint_io import verify
-from tests.conftest import experiment_dir, run_train
+from tests.conftest import experiment_dir, run_dir, run_train
 from tests.unit.test_checkpoint_io import flip_bytes
 
 TIMEOUT_S = 120
@@ -51,11 +51,11 @@ def trained(tmp_path_factory, fashion_root):
 
 def copy_of(trained: Path, tmp_path: Path) -> Path:
     shutil.copytree(trained / "runs", tmp_path / "runs")
-    return experiment_dir(tmp_path) / "checkpoints"
+    return run_dir(tmp_path) / "checkpoints"
 
 
 def test_every_checkpoint_has_a_matching_sidecar(trained):
-    folder = experiment_dir(trained) / "checkpoints"
+    folder = run_dir(trained) / "checkpoints"
     names = sorted(p.name for p in folder.iterdir())
     assert "last.ckpt" in names and "last.ckpt.sha256" in names and len(names) == 4, names  # best and last
     for ckpt in folder.glob("*.ckpt"):
@@ -113,5 +113,5 @@ def test_a_failed_save_exits_73_naming_the_path(tmp_path, fashion_root):
     assert result.returncode == CANT_CREATE, result.stderr[-3000:]
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "cannot write checkpoint" in errors[0], result.stderr[-3000:]
-    assert str(experiment_dir(tmp_path) / "checkpoints") in errors[0]
+    assert str(run_dir(tmp_path) / "checkpoints") in errors[0]
     assert "Epoch 2" not in result.stdout

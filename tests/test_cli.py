@@ -7,7 +7,7 @@ import yaml
 
 from benchmarks.launch import clean_env, start_all, wait_all
 from callbacks.run_record import read_rows
-from tests.conftest import TRAIN_PY, experiment_dir, run_train
+from tests.conftest import TRAIN_PY, run_dir, run_train
 
 
 def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, fashion_root):
@@ -85,21 +85,21 @@ def test_a_runs_saved_config_reruns_it_elsewhere_and_leaves_the_first_run_alone(
     kept_out = "(its srun hint kept out: srun is on PATH, this run is not under it)"
     assert kept_out in first.stderr and "srun" not in (first.stdout + first.stderr).replace(kept_out, ""), \
         first.stderr[-2000:]
-    run = experiment_dir(tmp_path)
+    run = run_dir(tmp_path)
     before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
-    config = run / "version_0" / "config.yaml"
+    config = run / "config.yaml"
     again = run_train(["--config", str(config), "--trainer.default_root_dir", "elsewhere"], cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # not one byte changed
-    moved = tmp_path / "elsewhere" / run.name
-    assert (moved / "checkpoints" / "last.ckpt").is_file()
-    settings = [yaml.safe_load(path.read_text()) for path in (config, moved / "version_0" / "config.yaml")]
+    (moved,) = [p.parent for p in (tmp_path / "elsewhere").glob("*/*/run.json")]
+    assert moved.parent.name == run.parent.name and (moved / "checkpoints" / "last.ckpt").is_file()
+    settings = [yaml.safe_load(path.read_text()) for path in (config, moved / "config.yaml")]
     assert settings[1]["trainer"].pop("default_root_dir") == "elsewhere" != settings[0]["trainer"].pop("default_root_dir")
     assert settings[0] == settings[1]
     # one batch: 1, not 1.0 (every batch); the worker timeout train.py derives stays null
     limit = settings[0]["trainer"]["limit_train_batches"]
     assert (limit, type(limit), settings[0]["collective_timeout"]) == (1, int, 40)
     assert settings[0]["data"]["worker_timeout"] is None
-    losses = [[row["train/loss"] for row in read_rows(folder / "version_0" / "metrics.csv") if row.get("train/loss")]
+    losses = [[row["train/loss"] for row in read_rows(folder / "metrics.csv") if row.get("train/loss")]
               for folder in (run, moved)]
     assert len(losses[0]) >= 3 and losses[0] == losses[1]

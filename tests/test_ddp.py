@@ -5,7 +5,7 @@ import json
 import pytest
 
 from benchmarks.launch import clean_env, start_all, wait_all
-from tests.conftest import TRAIN_PY, run_train, experiment_dir
+from tests.conftest import TRAIN_PY, run_train, experiment_dir, run_dir
 from tests.test_training import epoch_lines
 
 pytestmark = pytest.mark.multiprocess
@@ -54,8 +54,8 @@ def test_only_rank0_reports_and_the_start_block_shows_the_world(ddp_run):
     assert "world size      : 2 (2 device(s) x 1 node(s), cpu, strategy ddp, backend gloo)" in log
     assert "32 per device x 2 x 1 x accumulate 1 = effective 64" in log
     assert "base 0.05 at batch 32 -> 0.1 (linear scaling)" in log
-    assert len(list(experiment_dir(cwd).glob("version_*"))) == 1
-    assert (experiment_dir(cwd) / "checkpoints" / "last.ckpt").is_file()
+    assert len([p for p in experiment_dir(cwd).iterdir()]) == 1  # one run folder
+    assert (run_dir(cwd) / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.oldest
@@ -68,7 +68,7 @@ def test_a_ddp_run_prints_no_deprecation_warning_from_our_calls(ddp_run):
 
 def test_two_process_predictions_equal_one_process(ddp_run, fashion_root, tmp_path):
     cwd, _, _ = ddp_run
-    last = experiment_dir(cwd) / "checkpoints" / "last.ckpt"
+    last = run_dir(cwd) / "checkpoints" / "last.ckpt"
     outputs = []
     for devices in ("2", "1"):
         out_dir = tmp_path / f"devices{devices}"
@@ -108,5 +108,5 @@ def test_two_jobs_started_together_without_master_port_pick_different_ports(tmp_
         assert ranks[0]["main_port"] == ranks[1]["main_port"]
         ports.append(ranks[0]["main_port"])
         assert [m.epoch for m in epoch_lines(job.stdout)] == [1]
-        assert (experiment_dir(job.cwd) / "checkpoints" / "last.ckpt").is_file()
+        assert (run_dir(job.cwd) / "checkpoints" / "last.ckpt").is_file()
     assert ports[0] != ports[1]

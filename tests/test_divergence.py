@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.launch import clean_env, free_port, running_in, start_all, wait_all
 from callbacks.run_record import read_epochs
-from tests.conftest import TRAIN_PY, experiment_dir, run_train
+from tests.conftest import TRAIN_PY, experiment_dir, run_dir, run_train
 
 DIVERGED = 70
 LINE = re.compile(r"^train\.py: error: training diverged")
@@ -69,7 +69,7 @@ def test_accuracy_at_chance_an_epoch_after_warmup_stops_before_that_epochs_check
     saved = checkpoints(workdir)
     assert "last.ckpt" in saved and {c["epoch"] for c in saved.values()} == {0}  # epoch 1's only
     # The record has epoch 2's validation, the one judged, marked as where the run diverged.
-    first, second = read_epochs(experiment_dir(workdir) / "version_0")
+    first, second = read_epochs(run_dir(workdir))
     assert not first.diverged and first.cumulative_s is not None
     assert second.diverged and f"{second.val_acc:.3f}" in errors[0] and second.cumulative_s is None
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks.launch import clean_env, running_in, start_all, wait_all
-from tests.conftest import TRAIN_PY, run_train, experiment_dir
+from tests.conftest import TRAIN_PY, run_train, experiment_dir, run_dir
 
 TIMEOUT_S = 120
 PREEMPTED = 143
@@ -28,7 +28,7 @@ ONE_PROCESS = [*AUGMENTED_CNN, "--trainer.callbacks+=lightning.pytorch.callbacks
 
 
 def last_checkpoint(cwd):
-    return torch.load(experiment_dir(cwd) / "checkpoints" / "last.ckpt", weights_only=False)
+    return torch.load(run_dir(cwd) / "checkpoints" / "last.ckpt", weights_only=False)
 
 
 def epoch_checkpoint(cwd, epoch: int):

@@ -3,7 +3,7 @@
 
 import torch
 
-from tests.conftest import run_train, experiment_dir
+from tests.conftest import run_train, experiment_dir, run_dir
 
 
 def test_fit_with_augmentation_through_the_cli_trains_nhwc_by_default(workdir, fashion_root):
@@ -14,7 +14,7 @@ def test_fit_with_augmentation_through_the_cli_trains_nhwc_by_default(workdir, f
                         "--trainer.limit_train_batches", "3", "--test_after_fit", "false"], cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Epoch 1: Cumulative Time" in result.stdout
-    checkpoint = torch.load(experiment_dir(workdir) / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(run_dir(workdir) / "checkpoints" / "last.ckpt", weights_only=False)
     hparams = checkpoint["datamodule_hyper_parameters"]
     assert hparams["random_crop_padding"] == 2 and hparams["horizontal_flip"] is True
     assert checkpoint["hyper_parameters"]["channels_last"] is True

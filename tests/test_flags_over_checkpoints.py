@@ -4,7 +4,7 @@ the checkpoint fills in what was not given, and the start block names every diff
 
 import pytest
 
-from tests.conftest import experiment_dir, run_train
+from tests.conftest import experiment_dir, run_dir, run_train
 
 TINY = ["--batch_size", "32", "--test_after_fit", "false", "--trainer.log_every_n_steps", "1"]
 
@@ -27,7 +27,7 @@ def trained_lrs(root) -> list:
 
 
 def test_a_given_lr_wins_over_the_checkpoint_file_and_the_network_comes_from_it(trained, fashion_root, tmp_path):
-    last = experiment_dir(trained) / "checkpoints" / "last.ckpt"
+    last = run_dir(trained) / "checkpoints" / "last.ckpt"
     result = run_train(["--data_dir", str(fashion_root), "--ckpt_path", str(last), "--lr", "0.5", "--epochs", "2",
                         *TINY, "--trainer.default_root_dir", str(tmp_path / "new")], cwd=trained)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -51,7 +51,7 @@ def test_the_same_rule_for_last(trained, fashion_root):
 
 
 def test_values_equal_to_the_stored_ones_say_nothing(trained, fashion_root, tmp_path):
-    last = experiment_dir(trained) / "checkpoints" / "last.ckpt"
+    last = run_dir(trained) / "checkpoints" / "last.ckpt"
     result = run_train(["test", "--data_dir", str(fashion_root), "--ckpt_path", str(last), "--network", "mlp",
                         "--trainer.default_root_dir", str(tmp_path)], cwd=trained)
     assert result.returncode == 0 and "given over the checkpoint" not in result.stdout + result.stderr, result.stderr[-3000:]
@@ -62,8 +62,8 @@ def test_default_root_dir_holds_the_logs_and_checkpoints_and_last_looks_there(wo
     args = ["--data_dir", str(fashion_root), "--network", "mlp", *TINY, "--trainer.default_root_dir", str(root)]
     assert run_train([*args, "--epochs", "1"], cwd=workdir).returncode == 0
     assert not (workdir / "runs").exists()
-    run = root / "mlp-single-1x32-sgd"
-    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "version_0" / "metrics.csv").is_file()
+    (run,) = (root / "mlp-auto-batch32-sgd").iterdir()
+    assert (run / "checkpoints" / "last.ckpt").is_file() and (run / "metrics.csv").is_file()
     result = run_train([*args, "--epochs", "2", "--ckpt_path", "last"], cwd=workdir)
     assert result.returncode == 0 and "Restoring states from the checkpoint path at " + str(run) in result.stderr, \
         result.stderr[-3000:]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.launch import REPO, free_port
-from tests.conftest import FSDP_ON_CPU, run_train, experiment_dir
+from tests.conftest import FSDP_ON_CPU, run_train, experiment_dir, run_dir
 from tests.test_equivalence import DDP2, MOMENTUM
 
 pytestmark = [pytest.mark.multiprocess, FSDP_ON_CPU]
@@ -49,7 +49,7 @@ def test_fsdp_trains_exactly_like_ddp(fsdp, ddp):
 
 
 def test_a_checkpoint_saved_under_fsdp_loads_in_a_single_process(fsdp, fashion_root):
-    checkpoint = experiment_dir(fsdp.cwd) / "checkpoints" / "last.ckpt"
+    checkpoint = run_dir(fsdp.cwd) / "checkpoints" / "last.ckpt"
     saved = torch.load(checkpoint, map_location="cpu", weights_only=False)["state_dict"]
     assert {k: tuple(v.shape) for k, v in saved.items()} == {k: tuple(v.shape) for k, v in fsdp.weights.items()}
     assert all(torch.equal(saved[k], fsdp.weights[k]) for k in saved)  # full, unsharded weights
@@ -80,7 +80,7 @@ def test_true_precisions_train_under_fsdp(tmp_path, fashion_root, precision, dty
                         "--trainer.limit_train_batches", "2", "--test_after_fit", "false"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Epoch 1:" in result.stdout and "Val Loss = nan" not in result.stdout, result.stdout
-    state = torch.load(experiment_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    state = torch.load(run_dir(tmp_path) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert {t.dtype for t in state.values() if t.is_floating_point()} == {dtype}
 
 

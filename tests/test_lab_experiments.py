@@ -9,7 +9,7 @@ import pytest
 from callbacks.run_record import read_epochs
 from experiments import devices, takeaways
 from experiments.runner import Budget, RunSpec, run, verdicts
-from tests.conftest import experiment_dir
+from tests.conftest import experiment_dir, run_dir
 from tests.idx_files import write_fashion_mnist
 from tests.unit.test_lab_experiments import result
 
@@ -49,7 +49,7 @@ def test_takeaways_runs_the_workshop_rows_as_torchrun_nodes_and_writes_table_csv
     assert (out / "takeaways.png").stat().st_size > 10_000
     # What the table read: each run's metrics.csv holds its 2 epochs, and the table's figures are theirs
     for row in runs:
-        epochs = read_epochs(experiment_dir(out / "runs" / row["run"]) / "version_0")
+        epochs = read_epochs(run_dir(out / "runs" / row["run"]))
         assert [e.epoch for e in epochs] == [1, 2] and all(e.cumulative_s > 0 for e in epochs), epochs
         assert float(row["final_val_acc"]) == pytest.approx(epochs[-1].val_acc)
         assert float(row["best_val_acc"]) == pytest.approx(max(e.val_acc for e in epochs))

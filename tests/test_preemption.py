@@ -25,7 +25,7 @@ from benchmarks.launch import (
     wait_all,
 )
 from fashion_mnist_dp.runtime.checkpoint_io import verify
-from tests.conftest import TRAIN_PY, experiment_dir
+from tests.conftest import TRAIN_PY, experiment_dir, run_dir
 
 pytestmark = pytest.mark.multiprocess
 
@@ -78,7 +78,7 @@ def stop_lines(stderr: str) -> list:
 
 
 def checkpoint_dir(cwd: Path) -> Path:
-    return experiment_dir(cwd) / "checkpoints"
+    return run_dir(cwd) / "checkpoints"
 
 
 def assert_verified_last(cwd: Path, line: str) -> dict:

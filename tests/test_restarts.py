@@ -95,8 +95,8 @@ def plugin_scalars(folder):
 def test_tensorboard_shows_one_value_per_step_after_the_restarts(restarted, seeded_runs):
     job, record, _ = restarted
     assert job.returncode == 0, job.tail()
-    runs = sorted(p.name for p in experiment_dir(record.parent).glob("version_*"))
-    assert runs == ["version_0"], runs  # every attempt continued the checkpoint's run folder
+    runs = sorted(p.name for p in experiment_dir(record.parent).iterdir())
+    assert len(runs) == 1, runs  # every attempt continued the run's folder
     folder = run_folder(record.parent)
     assert len(list(folder.glob("events.out.tfevents.*"))) == RESTARTS + 1
     clean = seeded_runs.get("ddp").scalars

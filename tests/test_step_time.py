@@ -13,7 +13,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from callbacks.run_record import read_rows
 from callbacks.step_time import PARTS
-from tests.conftest import experiment_dir, run_train
+from tests.conftest import experiment_dir, run_dir, run_train
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.alone]
 
@@ -32,7 +32,7 @@ def run(tmp_path, fashion_root, *extra, strategy="ddp") -> dict:
     lines = [line for line in result.stdout.splitlines() if line.startswith("Step time (")]
     assert len(lines) == EPOCHS, result.stdout
     sums, slowest = {}, []
-    rows = read_rows(experiment_dir(tmp_path) / "version_0" / "metrics.csv")
+    rows = read_rows(run_dir(tmp_path) / "metrics.csv")
     for row in rows:
         for key, text in row.items():
             if key.startswith("time/") and key.count("/") == 2 and text:
@@ -116,7 +116,7 @@ def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path
         assert parts["other"] <= 0.05 * clean["wall"][rank], parts
         assert parts["comm"] > 0 and parts["forward"] > 0 and parts["backward"] > 0, parts
     # TensorBoard: the custom-scalars page's every chart matches tags the run logged
-    events = EventAccumulator(str(experiment_dir(tmp_path) / "version_0"), size_guidance={"tensors": 0})
+    events = EventAccumulator(str(run_dir(tmp_path)), size_guidance={"tensors": 0})
     events.Reload()
     (config,) = events.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])

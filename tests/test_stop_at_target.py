@@ -6,7 +6,7 @@ import re
 import pytest
 
 from callbacks.run_record import read_epochs
-from tests.conftest import experiment_dir, run_train
+from tests.conftest import experiment_dir, run_dir, run_train
 from tests.test_training import epoch_lines
 
 STOP_LINE = re.compile(
@@ -54,14 +54,14 @@ def check_stop_and_record(result, run_dir):
 def test_stops_after_patience_epochs_at_target_and_records_time_to_accuracy(workdir, fashion_root):
     result = run_train(["--data_dir", str(fashion_root), *SLOW, "--target_accuracy", str(TARGET),
                         "--patience", str(PATIENCE)], cwd=workdir)
-    check_stop_and_record(result, experiment_dir(workdir) / "version_0")
+    check_stop_and_record(result, run_dir(workdir))
 
 
 def test_without_a_target_every_epoch_runs_and_is_recorded(workdir, fashion_root):
     result = run_train(["--data_dir", str(fashion_root), *SLOW, "--epochs", "2"], cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Target reached" not in result.stdout
-    assert len(read_epochs(experiment_dir(workdir) / "version_0")) == len(epoch_lines(result.stdout)) == 2
+    assert len(read_epochs(run_dir(workdir))) == len(epoch_lines(result.stdout)) == 2
 
 
 @pytest.mark.multiprocess
@@ -69,4 +69,4 @@ def test_two_ddp_ranks_stop_together_and_rank_0_alone_reports(workdir, fashion_r
     result = run_train(["--data_dir", str(fashion_root), *SLOW, "--strategy", "ddp", "--devices", "2",
                         "--batch_size", "16", "--target_accuracy", str(TARGET), "--patience", str(PATIENCE)],
                        cwd=workdir)
-    check_stop_and_record(result, experiment_dir(workdir) / "version_0")
+    check_stop_and_record(result, run_dir(workdir))

@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from callbacks.run_record import read_epochs, read_rows
 from tests.epoch_lines import parse_epoch_lines
-from tests.conftest import run_train, experiment_dir
+from tests.conftest import run_train, experiment_dir, run_dir
 
 
 def scalars(log_dir):
@@ -61,7 +61,7 @@ def test_prints_one_workshop_line_per_epoch(first_run):
 
 def test_training_time_excludes_validation(first_run):
     cwd, _ = first_run
-    found = scalars(experiment_dir(cwd) / "version_0")
+    found = scalars(run_dir(cwd))
     for step_epoch_s, step_data, step_compute in zip(found["time/epoch_s"], found["time/data_wait_s"], found["time/compute_s"]):
         epoch_s = step_epoch_s[1]
         assert epoch_s < VALIDATION_SLEEP_S  # each validation pass sleeps that long
@@ -81,7 +81,7 @@ def test_start_block_shows_effective_batch_and_scaled_lr(first_run):
 @pytest.mark.oldest
 def test_writes_best_and_last_checkpoints(first_run):
     cwd, _ = first_run
-    checkpoints = experiment_dir(cwd) / "checkpoints"
+    checkpoints = run_dir(cwd) / "checkpoints"
     names = sorted(p.name for p in checkpoints.glob("*.ckpt"))
     assert "last.ckpt" in names
     assert any(re.fullmatch(r"best-epoch0[01]-acc\d\.\d{4}\.ckpt", n) for n in names), names
@@ -90,8 +90,8 @@ def test_writes_best_and_last_checkpoints(first_run):
 @pytest.mark.oldest
 def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
     cwd, _ = first_run
-    run_dir = experiment_dir(cwd) / "version_0"
-    found = scalars(run_dir)
+    folder = run_dir(cwd)
+    found = scalars(folder)
     for tag in ["train/loss", "val/loss", "val/acc", "test/acc", "throughput/images_per_sec",
                 "throughput/images_per_sec_per_device", "time/epoch_s", "time/cumulative_s",
                 "time/data_wait_s", "time/compute_s", "memory/peak_mb", "lr-SGD/pg1"]:
@@ -99,14 +99,14 @@ def test_tensorboard_has_the_documented_tags_and_the_warmup_lr(first_run):
     by_step = dict(found["lr-SGD/pg1"])  # logged per batch: with accumulation, twice per optimizer step
     lr = [round(by_step[step], 6) for step in range(4)]
     assert lr == [0.1, 0.15, 0.2, 0.2]  # warm-up from base_lr to the scaled lr over 2 optimizer steps
-    assert (run_dir / "config.yaml").is_file() and "effective_batch_size: 64" in (run_dir / "hparams.yaml").read_text()
+    assert (folder / "config.yaml").is_file() and "effective_batch_size: 64" in (folder / "hparams.yaml").read_text()
 
 
 @pytest.mark.oldest
 def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorboard(first_run):
     cwd, result = first_run
-    images, found = {}, scalars(experiment_dir(cwd) / "version_0")
-    for events in (experiment_dir(cwd) / "version_0").glob("events.*"):
+    images, found = {}, scalars(run_dir(cwd))
+    for events in run_dir(cwd).glob("events.*"):
         accumulator = EventAccumulator(str(events), size_guidance={"images": 0})
         accumulator.Reload()
         images.update({tag: accumulator.Images(tag) for tag in accumulator.Tags()["images"]})
@@ -120,7 +120,7 @@ def test_the_test_after_fit_puts_its_pictures_and_per_class_accuracy_in_tensorbo
 @pytest.mark.oldest
 def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
     cwd, _ = first_run
-    (events,) = [p for p in (experiment_dir(cwd) / "version_0").glob("events.*")
+    (events,) = [p for p in run_dir(cwd).glob("events.*")
                  if b"_hparams_/session_start_info" in p.read_bytes()]
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
@@ -143,10 +143,10 @@ def test_resume_from_last_continues_at_the_next_epoch(first_run, fashion_root):
 
 def test_predict_writes_one_csv_row_per_test_image(first_run, fashion_root):
     cwd, _ = first_run
-    last = experiment_dir(cwd) / "checkpoints" / "last.ckpt"
+    last = run_dir(cwd) / "checkpoints" / "last.ckpt"
     result = run_train(["predict", "--data_dir", str(fashion_root), "--ckpt_path", str(last)], cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
-    (csv_path,) = (cwd / "runs").glob("*/version_*/predictions.csv")  # in predict's own run folder
+    (csv_path,) = (cwd / "runs").glob("*/*-predict/predictions.csv")  # in predict's own run folder
     rows = [line.split(",") for line in csv_path.read_text().splitlines()]
     assert rows[0] == ["index", "class_id", "class_name"]
     assert [int(r[0]) for r in rows[1:]] == list(range(101))
@@ -175,7 +175,7 @@ def test_a_stop_mid_epoch_prints_n_a_for_the_validation_it_did_not_run(workdir, 
     assert result.returncode == 0, result.stderr[-3000:]
     first, second = epoch_lines(result.stdout)
     assert first.val_acc is not None and (second.epoch, second.val_loss, second.val_acc) == (2, None, None)
-    records = read_epochs(experiment_dir(workdir) / "version_0")
+    records = read_epochs(run_dir(workdir))
     assert [(r.epoch, r.val_acc is None) for r in records] == [(1, False), (2, True)]
     assert f"{records[1].cumulative_s:.3f}" == f"{second.cumulative_s:.3f}"
 
@@ -192,7 +192,7 @@ def test_the_workshops_network_trains_as_typed(fashion_root, tmp_path, devices):
     result = run_train(args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "lr from         : wrn's known-good lr with sgd (--lr sets another)" in result.stderr
-    rows = read_rows(next(experiment_dir(tmp_path).glob("version_*")) / "metrics.csv")
+    rows = read_rows(run_dir(tmp_path) / "metrics.csv")
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
     assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses), losses  # steps 5, 10, ..., 30
     assert sum(losses[-2:]) < sum(losses[:2]), losses

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from callbacks.run_record import read_epochs
-from tests.conftest import REPO, experiment_dir, run_train
+from tests.conftest import REPO, experiment_dir, run_dir, run_train
 
 FENCED = re.compile(r"^```(?:python|yaml)\n# (\S+)(.*?)^```$", re.M | re.S)
 
@@ -44,10 +44,10 @@ def test_an_optimizer_with_arguments_of_its_own_trains_from_yaml_at_the_scaled_l
     assert result.returncode == 0, result.stderr[-3000:]
     assert "learning rate   : base 0.001 at batch 16 -> 0.002 (linear scaling)" in result.stdout + result.stderr, result.stdout
     assert "optimizer       : RMSprop, weight decay 0 (not on biases and norm weights)" in result.stdout + result.stderr
-    saved = torch.load(experiment_dir(workdir) / "checkpoints" / "last.ckpt", weights_only=True)
+    saved = torch.load(run_dir(workdir) / "checkpoints" / "last.ckpt", weights_only=True)
     groups = saved["optimizer_states"][0]["param_groups"]
     assert [g["alpha"] for g in groups] == [0.9, 0.9] and {g["initial_lr"] for g in groups} == {0.002}
-    assert experiment_dir(workdir).name == "mlp-single-1x32-rmsprop"  # the run is named by what ran
+    assert experiment_dir(workdir).name == "mlp-auto-batch32-rmsprop"  # the experiment is named by what ran
 
 
 def test_a_network_from_a_module_outside_the_project_trains_from_yaml(workdir, fashion_root, docs_files):
@@ -56,9 +56,9 @@ def test_a_network_from_a_module_outside_the_project_trains_from_yaml(workdir, f
                        cwd=workdir, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "network         : LeNet" in result.stdout + result.stderr
-    run = experiment_dir(workdir)
-    assert run.name == "lenet-single-1x32-sgd" and read_epochs(run / "version_0")[0].val_acc is not None
-    hparams = yaml.safe_load((run / "version_0" / "hparams.yaml").read_text())
+    run = run_dir(workdir)
+    assert run.parent.name == "lenet-auto-batch32-sgd" and read_epochs(run)[0].val_acc is not None
+    hparams = yaml.safe_load((run / "hparams.yaml").read_text())
     assert hparams["network"] == {"class_path": "my_networks.LeNet", "init_args": {"num_classes": 10, "width": 8}}
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert saved["state_dict"]["net.0.weight"].shape == (8, 1, 5, 5)  # width 8 from the YAML
@@ -89,7 +89,7 @@ def test_a_checkpoint_never_makes_a_run_import_a_module_it_names(workdir, fashio
     (evil / "side_effect.py").write_text(f"open({str(marker)!r}, 'w').close()\nfrom torch.nn import Linear as Net\n")
     trained = run_train(["--data_dir", str(fashion_root), "--network", "mlp", *TINY], cwd=workdir)
     assert trained.returncode == 0, trained.stderr[-2000:]
-    last = experiment_dir(workdir) / "checkpoints" / "last.ckpt"
+    last = run_dir(workdir) / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
     checkpoint["hyper_parameters"]["network"] = {"class_path": "side_effect.Net", "init_args": {}}
     crafted = workdir / "crafted.ckpt"

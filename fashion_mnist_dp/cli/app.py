@@ -14,8 +14,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
 from callbacks import StopAtTarget
-from fashion_mnist_dp.cli import checkpoint_hparams, failures, outputs, slurm, start_block
-from fashion_mnist_dp.cli.checks import check_config, check_outputs
+from fashion_mnist_dp.cli import checkpoint_hparams, failures, outputs, run_folders, slurm, start_block
+from fashion_mnist_dp.cli.checks import check_config, check_outputs, check_run_values
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
 from datamodules import FashionMNISTDataModule
 from lightning_modules import FashionMNISTClassifier
@@ -51,6 +51,9 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         parser.add_argument("--collective_timeout", type=Optional[float], default=None,
                             help="seconds a rank waits in a collective or at the rendezvous before it stops (exit 75); "
                                  f"default: ${lifetime.TIMEOUT_ENV}, else {lifetime.DEFAULT_TIMEOUT_S:g}")
+        parser.add_argument("--run_name", type=Optional[str], default=None,
+                            help="the run's folder under its experiment's (default: when it started and its seed, "
+                                 "20261201-233431-seed42); with --ckpt_path last: the run to resume")
         parser.add_argument("--breakdown", type=Optional[bool], default=None,
                             help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs until its "
                                  "sampled form is measured there (docs/benchmarks.md)")
@@ -71,29 +74,31 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         config = self.config[subcommand]
         # before any strategy is built: the registry's ddp and fsdp entries take it; a bad value: one line, exit 2
         timeout = lifetime.set_collective_timeout(lifetime.collective_timeout(seconds=config.get("collective_timeout")))
-        filled = outputs.fill_output_paths(config)  # the folders --ckpt_path last searches
-        resumed = self.resumed = resume.resolve(config.get("ckpt_path"), outputs.checkpoint_folders(config),
-                                                lifetime.max_restarts(), lifetime.attempt(),
-                                                config.trainer.default_root_dir or ".")  # "": the Trainer's cwd
+        check_run_values(config)  # before LightningCLI seeds: numpy's traceback for a seed out of range
+        root = outputs.root_folder(config).absolute()  # its experiment's folder: --ckpt_path last chooses a run there
+        resumed = self.resumed = resume.resolve(
+            config.get("ckpt_path"), outputs.checkpoint_folders(config), lifetime.max_restarts(), lifetime.attempt(),
+            str(root), root / outputs.experiment_name(config), outputs.given_run_name(config),
+            root / outputs.legacy_experiment_name(config) / "checkpoints")
         if resumed.path and not checkpoint_io.is_remote(resumed.path) and Path(resumed.path).is_file():
             loaded = checkpoint_io.load(resumed.path)  # verified, no code runs; a bad file: exit 66
             self.resumed = dataclasses.replace(resumed, checkpoint=loaded)  # for prepare and Lightning's restore
             stored = checkpoint_hparams.stored_model(loaded, resumed.path)
             self.config = checkpoint_hparams.parse_over(parser, args, subcommand, stored, resumed.path)
             config = self.config[subcommand]
-            filled = outputs.fill_output_paths(config)
             notes = checkpoint_hparams.start_note(config.model, stored, resumed.path, {target for _, target in LINKS})
             if lr_from is None and "lr" in (stored.get("optimizer") or {}).get("init_args", {}):
                 lr_from = f"the checkpoint {Path(resumed.path).name}"
+        filled = outputs.fill_output_paths(config, self.resumed.run)
         self.start_lines = [f"  lr from         : {lr_from or DEFAULT_LR_FROM}", *notes]
-        config.ckpt_path = resumed.path
+        config.ckpt_path = self.resumed.path
         if config.data.worker_timeout is None:
             config.data.worker_timeout = timeout.total_seconds() / 2  # half: the stalled worker's rank reports first
             filled.append(("data", None, "worker_timeout"))
+        if subcommand == "fit":  # before any logger is built: a continued run's TensorBoard folder from its step
+            step = int((self.resumed.checkpoint or {}).get("global_step", 0))
+            filled += outputs.tensorboard_runs(config, self.resumed.continued, step)
         self.save_config_kwargs["filled"] = filled
-        if subcommand == "fit":  # before any logger is built: a continued run's folder, or a new one
-            continued = self.resumed.checkpoint if self.resumed.continue_run else None
-            self.save_config_kwargs["filled"] += outputs.tensorboard_runs(config, continued)
 
     def before_instantiate_classes(self) -> None:
         check_config(self.config[self.subcommand])
@@ -131,10 +136,14 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
                 print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
             compat.validate_after_every_epochs_last_batch(self.trainer)
         resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
-        self.resumed = dataclasses.replace(self.resumed, checkpoint=None)  # handed to Lightning's restore
+        checkpoint, self.resumed = self.resumed.checkpoint, dataclasses.replace(self.resumed, checkpoint=None)
         self.datamodule.check_workers()  # every process, before any rendezvous
         if self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
+        if lifetime.probably_global_rank_zero():  # the others learn the folder from it (Lightning's log_dir)
+            self.model.start_notes += run_folders.open_run(self.trainer, self.datamodule,
+                                                           self.config[self.subcommand], self.subcommand,
+                                                           self.resumed, checkpoint)
 
     before_fit = before_validate = before_test = before_predict = _before_launch
 

@@ -13,6 +13,7 @@ from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
 from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
 from fashion_mnist_dp.runtime.lifetime import is_launched_rank
+from fashion_mnist_dp.runtime.runs import NAME_LIMIT, name_problem
 from fashion_mnist_dp.strategies import CPU_NAME, is_fsdp, require_gpus, unshardable_optimizer
 
 DEVICES_KEY = "trainer.devices (--devices)"
@@ -101,7 +102,22 @@ WHOLE_NUMBERS = (
     ("check_val_every_n_epoch", 1, "a whole number of epochs >= 1, or null to validate every "  # 0 divides by zero
                                    "trainer.val_check_interval batches"),
     ("num_sanity_val_steps", -1, "a number of batches >= 0, or -1 for every validation batch"),  # < -1: skipped
+    ("log_every_n_steps", 1, "a number of optimizer steps >= 1"),  # < 1: Lightning trains on as if it were fine
 )
+SEED_LIMIT = 2**32 - 1  # numpy's: seed_everything seeds it too
+
+
+def check_run_values(config) -> None:
+    """The run's seed and name, before LightningCLI seeds (numpy raised a traceback out of its range) or the name is
+    a folder."""
+    seed = config.get("seed_everything")
+    if not isinstance(seed, bool) and isinstance(seed, int) and not 0 <= seed <= SEED_LIMIT:
+        raise ConfigError(f"seed_everything (--seed) is {seed}: give a whole number from 0 to {SEED_LIMIT}, true for "
+                          f"a random one, or false for none")
+    name = config.get("run_name")
+    if name is not None and (problem := name_problem(name)):
+        raise ConfigError(f"--run_name {name!r} {problem}: give a folder name of at most {NAME_LIMIT} characters, "
+                          f"without / or \\, not starting with a dot")
 
 
 def check_config(config) -> None:

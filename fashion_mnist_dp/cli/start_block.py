@@ -34,7 +34,6 @@ SAFETY = {
     runtime.Preemption: "SIGTERM, SIGUSR1 or Ctrl-C: every rank stops at one point with a verified last.ckpt",
     runtime.Agreement: "the decision points: without it divergence and signals are never acted on",
     runtime.RngState: "a resumed run draws the batches the uninterrupted run would have",
-    runtime.TensorBoardRun: "a resumed run continues its TensorBoard folder and metrics.csv",
     runtime.VerifiedCheckpointIO: "checkpoints written atomically with a checksum, verified and code-free on load",
 }
 

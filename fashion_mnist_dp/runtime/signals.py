@@ -18,7 +18,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fashion_mnist_dp.exit_codes import ExitCode
-from fashion_mnist_dp.runtime import compat, errors
+from fashion_mnist_dp.runtime import compat, errors, runs
 from fashion_mnist_dp.runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from fashion_mnist_dp.runtime.checkpoint_io import sidecar_path, verify
 from fashion_mnist_dp.runtime.errors import Preempted
@@ -162,6 +162,7 @@ def guarded_process() -> Iterator[Handlers]:
         yield handlers
     finally:
         release_process_group()  # under the handlers: a signal now ends the process with its code
+        runs.release()  # the run's folder, for the next run of an in-process caller
         stop_watching()
         for signum, handler in previous.items():
             if handler is not None:

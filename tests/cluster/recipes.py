@@ -12,7 +12,7 @@ import torch
 
 from benchmarks.launch import REPO, TRAIN_PY
 from fashion_mnist_dp.runtime.checkpoint_io import verify
-from tests.conftest import experiment_dir
+from tests.conftest import run_dir
 
 DOC = REPO / "docs" / "running-on-clusters.md"
 # What the tier appends to every recipe: the mlp on the tiny data, seeded and deterministic, 2 ranks x batch 32
@@ -31,17 +31,23 @@ def _sub(pattern: str, replacement: str, text: str) -> str:
     return new
 
 
-def sbatch_script(extra: Sequence[str], nodes: int = 1, tasks_per_node: int = 2) -> str:
+def sbatch_script(extra: Sequence[str], nodes: int = 1, tasks_per_node: int = 2, array: str = "") -> str:
     """The sbatch script on CPU, no ``--gres``: ``--nodes 1`` and two tasks on the one-node SLURM (Debian's slurmd
     runs one node per machine), ``nodes=2`` on the namespace cluster (tests/cluster/netns_slurm.py);
-    ``--devices`` follows ``tasks_per_node``; ``extra`` goes after train.py's own flags."""
-    (block,) = [b for b in bash_blocks() if "#SBATCH" in b]
-    text = _sub(r"^#SBATCH --nodes 2\b", f"#SBATCH --nodes {nodes}", block)
+    ``--devices`` follows ``tasks_per_node``; ``extra`` goes after train.py's own flags. ``array``: the seed sweep's
+    job array instead, over these task ids (``1-2``)."""
+    (block,) = [b for b in bash_blocks() if "#SBATCH" in b and ("#SBATCH --array" in b) == bool(array)]
+    if array:
+        text = _sub(r"^#SBATCH --array 1-4\b", f"#SBATCH --array {array}", block)
+        text = _sub(r"^#SBATCH --nodes 1\b", f"#SBATCH --nodes {nodes}", text)
+        devices = (r"--devices 4\b", f"--devices {tasks_per_node} --accelerator cpu")
+    else:
+        text = _sub(r"^#SBATCH --nodes 2\b", f"#SBATCH --nodes {nodes}", block)
+        devices = (r"--devices 4 --num_nodes 2\b", f"--devices {tasks_per_node} --num_nodes {nodes} --accelerator cpu")
     text = _sub(r"^#SBATCH --ntasks-per-node 4\b", f"#SBATCH --ntasks-per-node {tasks_per_node}", text)
     text = _sub(r"^#SBATCH --gres gpu:4.*\n", "", text)
     text = _sub(r"\bpython train\.py\b", f"{shlex.quote(sys.executable)} {shlex.quote(str(TRAIN_PY))}", text)
-    text = _sub(r"--devices 4 --num_nodes 2\b", f"--devices {tasks_per_node} --num_nodes {nodes} --accelerator cpu",
-                text)
+    text = _sub(*devices, text)
     return _sub(r"\$RESUME$", f"$RESUME {' '.join(map(shlex.quote, extra))}", text)
 
 
@@ -71,8 +77,13 @@ def torchrun_recipe(marker: str, nproc_per_node: int, endpoint: str, extra: Sequ
 
 
 def final_checkpoint(folder: Path) -> dict:
-    """The run's ``last.ckpt`` under ``folder``: checked against its sha256, loaded without running code."""
-    path = experiment_dir(folder) / "checkpoints" / "last.ckpt"
+    """The one run's ``last.ckpt`` under ``folder``: checked against its sha256, loaded without running code."""
+    return final_checkpoint_in(run_dir(folder))
+
+
+def final_checkpoint_in(run: Path) -> dict:
+    """A run folder's ``last.ckpt``: checked against its sha256, loaded without running code."""
+    path = run / "checkpoints" / "last.ckpt"
     verify(path)
     return torch.load(path, map_location="cpu", weights_only=True)
 

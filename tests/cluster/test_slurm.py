@@ -7,6 +7,7 @@ epoch. Failure-to-exit times are printed (``-s`` shows them) for docs/running-on
 """
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -20,7 +21,8 @@ import pytest
 from benchmarks.launch import TRAIN_PY, clean_env, running_in
 from tests.cluster import recipes
 from tests.cluster.local_slurm import CRED_EXPIRE_S
-from tests.cluster.recipes import STEPS_PER_EPOCH, assert_same_weights, final_checkpoint, sbatch_script
+from tests.cluster.recipes import (STEPS_PER_EPOCH, assert_same_weights, final_checkpoint, final_checkpoint_in,
+                                  sbatch_script)
 
 # a signal stops the run at the next step; a rank stuck (a peer that never joins, a lost collective) ends the job
 # with the product's own line within COLLECTIVE_TIMEOUT_S, inside the test's wait
@@ -226,6 +228,57 @@ def test_a_task_killed_during_training_ends_the_step_without_kill_on_bad_exit(sl
     assert "Traceback" not in result.stderr
 
 
-def _output(folder: Path) -> str:
-    path = folder / "slurm.out"
+def _output(folder: Path, name: str = "slurm.out") -> str:
+    path = folder / name
     return path.read_text(errors="replace") if path.exists() else "(no slurm.out yet)"
+
+
+def test_a_requeued_task_of_a_job_array_resumes_its_own_run_while_the_other_trains(slurm, fashion_root, tmp_path):
+    """The seed sweep of docs/running-on-clusters.md as a two-task array in one folder: task 1 is requeued (SIGUSR1)
+    while task 2 trains, then task 2 while task 1 trains again; each resumes its own run (its seed, its job), never
+    the other's, which is newer and running."""
+    folder, record = tmp_path / "sweep", tmp_path / "record"
+    folder.mkdir()
+    record.mkdir()
+    unseeded = [arg for arg in SEEDED if arg not in ("--seed", "7")]  # the script gives each task its own
+    extra = [*unseeded, "--epochs", "50", "--data_dir", str(fashion_root), "--trainer.callbacks+=tests.recorder.SlowSteps",
+             "--trainer.callbacks.seconds=0.5", "--trainer.callbacks.mark_at=2"]
+    script = folder / "sweep.sbatch"
+    script.write_text(sbatch_script(extra, array="1-2"))
+    submitted = slurm.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "task-%a.out"),
+                          "--open-mode=append", str(script),
+                          env=clean_env({"PYTHONFAULTHANDLER": "1", "SAMPLE_RECORD_DIR": str(record)}))
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    tasks = {task: f"{job}_{task}" for task in (1, 2)}
+
+    def training(task: int, start: int) -> None:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not (record / f"step-{task}-{start}").exists():
+            assert time.monotonic() < deadline, f"task {task} never trained in start {start}: " \
+                f"{job_info(slurm, tasks[task])}\n{_output(folder, f'task-{task}.out')}"
+            time.sleep(0.2)
+
+    try:
+        training(1, 0)
+        training(2, 0)
+        for task, other in ((1, 2), (2, 1)):
+            assert slurm.run("scancel", "--signal=USR1", tasks[task]).returncode == 0
+            training(task, 1)  # requeued, started again, resumed and training
+            assert job_info(slurm, tasks[other]).get("JobState") == "RUNNING"  # the other ran all along
+    finally:
+        slurm.run("scancel", job)
+    for task in tasks.values():
+        wait_job(slurm, task, states=("CANCELLED", "COMPLETED", "FAILED"))
+    experiment = folder / "runs" / "mlp-ddp-batch32-sgd"
+    folders = sorted((p.parent for p in experiment.glob("*/run.json")), key=lambda f: f.name.rpartition("-seed")[2])
+    assert [f.name.rpartition("-seed")[2] for f in folders] == ["1", "2"], folders
+    for task, run in zip((1, 2), folders):
+        output = _output(folder, f"task-{task}.out")
+        starts = json.loads((run / "run.json").read_text())["starts"]
+        assert {key for start in starts for key in start["jobs"]} == {f"SLURM job {job}_{task}"}, starts
+        assert len(starts) == 2 and starts[1]["resumed_from"] == str(run / "checkpoints" / "last.ckpt"), starts
+        assert re.search(rf"^  run +: runs/mlp-ddp-batch32-sgd/{run.name} \(resumed at optimizer step \d+, the run "
+                         rf"of this SLURM job {job}_{task}; seed {task}\)$", output, flags=re.M), output[-4000:]
+        assert "Traceback" not in output
+        assert final_checkpoint_in(run)["global_step"] > 0

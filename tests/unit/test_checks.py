@@ -101,7 +101,7 @@ def test_whole_numbers_of_batch_limits_parse_and_save_as_counts(tmp_path):
 def test_limit_train_batches_1_trains_one_batch_per_epoch(workdir, fashion_root):
     code = main(["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "2", "--test_after_fit", "false",
                  "--trainer.limit_train_batches", "1"])
-    last = torch.load(next((workdir / "runs").glob("*/checkpoints/last.ckpt")), weights_only=True)
+    last = torch.load(next((workdir / "runs").glob("*/*/checkpoints/last.ckpt")), weights_only=True)
     assert code == 0 and last["global_step"] == 2  # one batch in each of 2 epochs (1.0 would be all 2 of 128)
 
 

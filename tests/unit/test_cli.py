@@ -160,6 +160,17 @@ BAD_VALUES = [
      f"trainer.callbacks.{len(yaml.safe_load(train.DEFAULT_CONFIG.read_text())['trainer']['callbacks'])} "  # appended
      "user_classes.RefusingCallback cannot be built: AssertionError: not today"),
     (["--check_every_n_steps", "0"], "check_every_n_steps"),
+    (["--seed", "-1"], "seed_everything (--seed) is -1: give a whole number from 0 to 4294967295, true for a random "
+                       "one, or false for none"),
+    (["--seed", "99999999999"], "seed_everything (--seed) is 99999999999: give a whole number from 0 to 4294967295"),
+    (["--trainer.log_every_n_steps", "-1"], "trainer.log_every_n_steps is -1: give a number of optimizer steps >= 1"),
+    (["--trainer.log_every_n_steps", "0"], "trainer.log_every_n_steps is 0: give a number of optimizer steps >= 1"),
+    (["--run_name", "a/b"], "--run_name 'a/b' holds a path separator: give a folder name of at most 100 characters"),
+    (["--run_name", ".."], "--run_name '..' starts with a dot"),
+    (["--run_name", ""], "--run_name '' is empty"),
+    (["--run_name", "x" * 101], "is 101 characters long (at most 100)"),
+    (["--run_name", "a", "--trainer.logger.init_args.version", "b"], "--run_name a and the logger's version b name "
+                                                                      "the run twice"),
     (["--collective_timeout", "0"], "collective_timeout must be a number of seconds > 0; got '0.0' (see python"),
     (["--config", "missing.yaml"], "File does not exist"),
     (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
@@ -205,7 +216,7 @@ class RefusingCallback(Callback):
 
 
 @pytest.mark.parametrize("keyword, message", [
-    ("last", "--ckpt_path last: no last checkpoint (last*.ckpt) in {folder}, so there is nothing to resume"),
+    ("last", "--ckpt_path last: no run in {folder} has a last checkpoint (last*.ckpt), so there is nothing to resume"),
     ("best", "--ckpt_path best means the best checkpoint of this process's own fit"),
 ])
 def test_checkpoint_keyword_without_a_checkpoint_exits_66(capsys, workdir, fashion_root, keyword, message):
@@ -213,7 +224,7 @@ def test_checkpoint_keyword_without_a_checkpoint_exits_66(capsys, workdir, fashi
     code = train.main(["--data_dir", str(fashion_root), "--ckpt_path", keyword])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
-    folder = workdir / "runs" / "cnn-single-1x128-sgd" / "checkpoints"
+    folder = workdir / "runs" / "cnn-auto-batch128-sgd"
     assert code == 66
     assert len(errors) == 1 and message.format(folder=folder) in errors[0], err
     assert not (workdir / "runs").exists()

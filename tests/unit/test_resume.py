@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import SequentialSampler
 
 from datamodules.resumable import (
@@ -23,7 +22,6 @@ from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.errors import CheckpointError
 from fashion_mnist_dp.runtime.resume import (
     Resume,
-    TensorBoardRun,
     capture,
     finished_training,
     resolve,
@@ -127,10 +125,10 @@ def save(path: Path, step: int = 8, mtime: float = 0.0) -> Path:
 
 def test_last_resolves_to_the_newest_valid_last_checkpoint_and_continues_its_run(tmp_path):
     old, new = save(tmp_path / "last-v1.ckpt", mtime=time.time() - 60), save(tmp_path / "last.ckpt")
-    assert resolve("last", [tmp_path]) == Resume(str(new), continue_run=True)
+    assert resolve("last", [tmp_path]) == Resume(str(new), why="resumed")
     new.write_bytes(new.read_bytes()[:-10])  # truncated: skipped with a warning
     resumed = resolve("last", [tmp_path])
-    assert resumed.path == str(old) and resumed.continue_run
+    assert resumed.path == str(old)
     assert resumed.lines[0].startswith("warning: checkpoint") and "last.ckpt is damaged" in resumed.lines[0]
     assert resumed.lines[1].startswith("warning: --ckpt_path last resumes from")
 
@@ -153,13 +151,14 @@ def test_last_with_nothing_saved_is_refused_except_under_torchrun_restarts(tmp_p
 
 
 def test_last_with_nothing_saved_names_the_other_experiments_that_have_a_last_checkpoint(tmp_path):
-    mine, other, empty = (tmp_path / name / "checkpoints" for name in ("cnn-ddp", "mlp-ddp", "wrn-ddp"))
-    for folder in (mine, other, empty):
-        folder.mkdir(parents=True)
-    save(other / "last.ckpt")
-    with pytest.raises(CheckpointError, match=rf"nothing to resume.*; other experiments have one \({other}\): the "
-                                              rf"folder is named by the run's network"):
-        resolve("last", [mine], root=str(tmp_path))
+    mine, other, empty = (tmp_path / name for name in ("cnn-ddp", "mlp-ddp", "wrn-ddp"))
+    for experiment in (mine, other, empty):
+        (experiment / "run1" / "checkpoints").mkdir(parents=True)
+        (experiment / "run1" / "run.json").write_text("{}")
+    save(other / "run1" / "checkpoints" / "last.ckpt")
+    with pytest.raises(CheckpointError, match=rf"nothing to resume.*; runs of other experiments have one \({other}/run1\)"
+                                              rf": the experiment's folder is named by its network"):
+        resolve("last", [], root=str(tmp_path), experiment=mine)
 
 
 def test_hpc_is_the_largest_n_in_the_root_and_refused_when_there_is_none(tmp_path):
@@ -176,7 +175,7 @@ def test_best_files_and_lightnings_own_keywords(tmp_path):
         resolve("best", [tmp_path])
     with pytest.raises(CheckpointError, match="checkpoint not found: nope.ckpt"):
         resolve("nope.ckpt", [tmp_path])
-    assert resolve(str(tmp_path / "best-epoch03.ckpt"), []) == Resume(str(tmp_path / "best-epoch03.ckpt"))
+    assert resolve(str(tmp_path / "best-epoch03.ckpt"), []).path == str(tmp_path / "best-epoch03.ckpt")
     assert resolve("s3://bucket/x.ckpt", []).path == "s3://bucket/x.ckpt"
     assert resolve(None, []) == Resume()
 
@@ -189,34 +188,20 @@ def test_a_run_is_finished_by_epochs_or_steps():
     assert "24 optimizer steps trained" in finished_training(checkpoint, max_epochs=10, max_steps=20)
 
 
-def test_last_continues_the_checkpoints_tensorboard_run_from_its_step(tmp_path):
-    """In the config, before any logger is built: a new run opens with a purge at step 0; ``last`` reopens the
-    checkpoint's version, purged at its step; a checkpoint of another folder, or a version the user chose, starts
-    as given. The filled keys stay null in the saved config.yaml."""
-    first = TensorBoardLogger(save_dir=tmp_path, name="fm")
-    first.log_metrics({"x": 1.0}, step=0)
-    run = TensorBoardRun()
-    run._logger = first
-    checkpoint = {"global_step": 16, "callbacks": {"TensorBoardRun": run.state_dict()}}
-
-    def config(save_dir, version=None):
-        logger = Namespace(class_path="callbacks.run_record.MetricsCSV",
-                           init_args=Namespace(save_dir=str(save_dir), name="fm", version=version, purge_step=None))
+def test_a_continued_run_purges_tensorboard_from_its_step_and_a_new_one_from_zero():
+    """In the config, before any logger is built: a new run opens with a purge at step 0, a continued run (``last``)
+    at its checkpoint's step; a logger class that takes no ``purge_step`` is left as Lightning has it. The filled keys
+    stay null in the saved config.yaml."""
+    def config(class_path="callbacks.run_record.MetricsCSV"):
+        logger = Namespace(class_path=class_path, init_args=Namespace(save_dir="runs", name="fm", purge_step=None))
         return Namespace(trainer=Namespace(logger=[logger]))
 
-    resumed = config(tmp_path)
-    filled = tensorboard_runs(resumed, checkpoint)
-    assert filled == [("trainer.logger", 0, "version"), ("trainer.logger", 0, "purge_step")]
-    assert (resumed.trainer.logger[0].init_args.version, resumed.trainer.logger[0].init_args.purge_step) == (0, 16)
-    for other in (config(tmp_path / "elsewhere"), config(tmp_path, version=3)):
-        assert tensorboard_runs(other, checkpoint) == [("trainer.logger", 0, "purge_step")]
-        assert other.trainer.logger[0].init_args.purge_step == 0
-    new = config(tmp_path)
-    assert tensorboard_runs(new, None) == [("trainer.logger", 0, "purge_step")]
-    assert (new.trainer.logger[0].init_args.version, new.trainer.logger[0].init_args.purge_step) == (None, 0)
-    lightnings = config(tmp_path)  # its class takes no purge_step by name: left as Lightning has it (a new version)
-    lightnings.trainer.logger[0].class_path = "lightning.pytorch.loggers.TensorBoardLogger"
-    assert tensorboard_runs(lightnings, checkpoint) == [] and lightnings.trainer.logger[0].init_args.version is None
+    resumed, new = config(), config()
+    assert tensorboard_runs(resumed, True, 16) == [("trainer.logger", 0, "purge_step")]
+    assert resumed.trainer.logger[0].init_args.purge_step == 16
+    assert tensorboard_runs(new, False, 16) == [("trainer.logger", 0, "purge_step")]
+    assert new.trainer.logger[0].init_args.purge_step == 0
+    assert tensorboard_runs(config("lightning.pytorch.loggers.TensorBoardLogger"), True, 16) == []
 
 
 @pytest.mark.parametrize("world, rank", [(1, 0), (2, 1)])
@@ -243,7 +228,7 @@ def test_a_resumed_fit_reads_and_hashes_its_checkpoint_once_in_all(workdir, fash
     tiny = ["--network", "mlp", "--data_dir", str(fashion_root), "--trainer.limit_train_batches", "2",
             "--trainer.limit_val_batches", "1", "--test_after_fit", "false"]
     assert app.main([*tiny, "--epochs", "1"]) == 0
-    last = next(workdir.glob("runs/*/checkpoints/last.ckpt"))
+    last = next(workdir.glob("runs/*/*/checkpoints/last.ckpt"))
     resumed = (str(last), last.stat().st_mtime_ns)  # the epoch-2 save rewrites last.ckpt: another file then
     loads, hashes = [], []
     torch_load, file_sha256 = torch.load, checkpoint_io.file_sha256

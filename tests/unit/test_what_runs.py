@@ -60,7 +60,7 @@ def test_a_config_that_drops_the_safety_callbacks_names_each_in_the_start_block(
         assert train.main(["--config", "mine.yaml", "--data_dir", str(fashion_root), *TINY]) == 0
     output = capsys.readouterr().out + caplog.text
     off = [line.split(":")[1].strip() for line in output.splitlines() if "safety off" in line]
-    assert off == ["JobFaults", "DivergenceGuard", "Preemption", "Agreement", "RngState", "TensorBoardRun"], output
+    assert off == ["JobFaults", "DivergenceGuard", "Preemption", "Agreement", "RngState"], output
 
 
 def test_the_default_run_has_every_safety_callback_on(capsys, caplog, workdir, fashion_root):
