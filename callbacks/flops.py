@@ -100,6 +100,8 @@ class DeviceUse:
     """A run's training FLOPs per image and one device's peak (None: not counted, not known), the start block's
     lines that say so, and the figures of a throughput window or an epoch from its images/sec per device."""
 
+    LABELS = ("  training FLOPs  :", "  peak FLOP/s     :")  # the start block's lines begin so
+
     flops_per_image: Optional[float] = None
     peak: Optional[float] = None
     peak_from: str = ""
@@ -128,16 +130,16 @@ class DeviceUse:
             flops = training_flops(network, batch)
         except Exception as error:  # whatever the user's forward does that shapes alone cannot: a line, no figures
             detail = " ".join(f"{type(error).__name__}: {error}".split())[:200]
-            return DeviceUse(lines=(f"  training FLOPs  : not counted: FlopCounterMode cannot run {name} on the meta "
+            return DeviceUse(lines=(f"{DeviceUse.LABELS[0]} not counted: FlopCounterMode cannot run {name} on the meta "
                                     f"device ({detail}); no FLOP/s or MFU figures",))
         if not flops:
-            return DeviceUse(lines=(f"  training FLOPs  : none counted in {name} (FlopCounterMode counts matrix "
+            return DeviceUse(lines=(f"{DeviceUse.LABELS[0]} none counted in {name} (FlopCounterMode counts matrix "
                                     "products and convolutions); no FLOP/s or MFU figures",))
-        counted = (f"  training FLOPs  : {si(flops, 'FLOP')} an image, forward and backward (FlopCounterMode on the "
+        counted = (f"{DeviceUse.LABELS[0]} {si(flops, 'FLOP')} an image, forward and backward (FlopCounterMode on the "
                    f"meta device, {time.perf_counter() - began:.2f} s)")
         peak, source = device_peak(device, compute_dtype(precision), given_peak)
-        known = (f"  peak FLOP/s     : {si(peak, 'FLOP/s')} per device, {source}" if peak else
-                 f"  peak FLOP/s     : unknown: {source}; no MFU (give --peak_flops, FLOP/s per device)")
+        known = (f"{DeviceUse.LABELS[1]} {si(peak, 'FLOP/s')} per device, {source}" if peak else
+                 f"{DeviceUse.LABELS[1]} unknown: {source}; no MFU (give --peak_flops, FLOP/s per device)")
         return DeviceUse(flops, peak, source, (counted, known))
 
 

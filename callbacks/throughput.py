@@ -88,7 +88,8 @@ class ThroughputReport(Callback):
         if stage == "fit" and trainer.is_global_zero and isinstance(net, torch.nn.Module):  # before the start block
             self.device_use = DeviceUse.measure(net, getattr(pl_module, "batch_size", 2) * getattr(
                 pl_module, "virtual_devices", 1), trainer.strategy.root_device, trainer.precision, self.peak_flops)
-            getattr(pl_module, "start_notes", []).extend(self.device_use.lines)
+            notes = getattr(pl_module, "start_notes", [])  # a second fit of the module: its lines replaced
+            notes[:] = [note for note in notes if not note.startswith(DeviceUse.LABELS)] + list(self.device_use.lines)
         if stage == "fit" and self.breakdown_on(device):
             self.timer = StepTimer(HostClock()) if device == "cpu" else StepTimer(CudaEvents(), self.gpu_sample_every)
             step_marks.time_before_setup(self.timer, trainer.strategy)
