@@ -85,7 +85,7 @@ class ThroughputReport(Callback):
         device, net = trainer.strategy.root_device.type, getattr(pl_module, "net", None)
         if peak_refusal(self.peak_flops):  # here, not in __init__: jsonargparse builds the callbacks while it parses
             raise MisconfigurationException(peak_refusal(self.peak_flops))
-        if stage == "fit" and trainer.is_global_zero and isinstance(net, torch.nn.Module):  # before the start block
+        if stage == "fit" and isinstance(net, torch.nn.Module) and trainer.is_global_zero:  # before the start block
             self.device_use = DeviceUse.measure(net, getattr(pl_module, "batch_size", 2) * getattr(
                 pl_module, "virtual_devices", 1), trainer.strategy.root_device, trainer.precision, self.peak_flops)
             notes = getattr(pl_module, "start_notes", [])  # a second fit of the module: its lines replaced
