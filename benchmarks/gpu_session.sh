@@ -34,6 +34,9 @@
 #   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
 #   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
 #   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
+#   bash benchmarks/gpu_session.sh mfu       # 330 s: MFU of the default recipe (fp32, 3 epochs), fast_gpu.yaml and
+#                                            #   record_gpu.yaml, the breakdown on (which part bounds each): their
+#                                            #   start-block FLOPs and peak, epoch lines and step-time lines
 #   bash benchmarks/gpu_session.sh ema       # callbacks.WeightEMA against Lightning's EMAWeightAveraging (which reads
 #                                            # its update count from the device every step), 10 pairs, same decay
 # Timing on an H200 (2026-11-26): tests 10 s; each train.py run of trace and cost about 20 s, so a cost stage takes
@@ -108,11 +111,24 @@ for stage in "${@:-tests}"; do
                   | tee "$out/cost-fp32.txt" ;;
         cost16) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" \
                     --precision bf16-mixed 2>&1 | tee "$out/cost-bf16.txt" ;;
+        mfu) # --peak_flops: the H100 SXM's dense figures in Lightning's table (an H200 is the same GH100 compute; the
+             # table's H200 entries are NVIDIA's figures with sparsity, and a name without SXM1/NVL1 is not found there):
+             # TF32 for the fp32 run (cuDNN's convolutions run in TF32 by default), bf16 for the records
+             while read -r name seconds peak flags; do  # shellcheck disable=SC2086: the flags are words
+                 limit "$seconds" python3 train.py --accelerator gpu $flags --peak_flops "$peak" --breakdown true \
+                     --test_after_fit false --trainer.default_root_dir /tmp/mfu-runs 2>&1 \
+                     | grep -E "training FLOPs|peak FLOP|^Epoch|^Step time" | sed "s/^/$name: /" | tee -a "$out/mfu.txt"
+             done <<'RUNS'
+default 100 4.947e14
+fast_gpu 90 9.894e14 --config configs/recipes/fast_gpu.yaml
+record_gpu 140 9.894e14 --config configs/recipes/record_gpu.yaml
+RUNS
+             ;;
         ema) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" \
                  --on="--trainer.callbacks+=callbacks.WeightEMA" \
                  --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
                  2>&1 | tee "$out/ema.txt" ;;
         *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record," \
-                "graphs, narrow, cost, cost16 or ema" >&2; exit 2 ;;
+                "graphs, narrow, cost, cost16, mfu or ema" >&2; exit 2 ;;
     esac
 done

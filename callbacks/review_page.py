@@ -1,5 +1,6 @@
-"""The review page: TensorBoard's CUSTOM SCALARS layout that puts images/sec, validation accuracy and loss and where
-the step time goes side by side, every run of the log folder on each chart (docs/reporting.md, "The review page").
+"""The review page: TensorBoard's CUSTOM SCALARS layout that puts images/sec (and the FLOP/s and MFU they come to),
+validation accuracy and loss and where the step time goes side by side, every run of the log folder on each chart
+(docs/reporting.md, "The review page").
 
 TensorBoard fits a chart's y-axis to the points between the 5 % and 95 % quantiles of its values ("Ignore outliers
 in chart scaling", on by default): a series of two or three points has none or one there, and is drawn empty, flat or
@@ -36,12 +37,16 @@ def accuracy_band(accuracy, images: int) -> Dict[str, float]:
     return dict(zip(ACCURACY_BAND[1:], accuracy_interval(float(accuracy), images)))
 
 
-def layout(breakdown: bool, ranks: int) -> Dict[str, Dict[str, list]]:
+def layout(breakdown: bool, ranks: int, flops: bool = False, mfu: bool = False) -> Dict[str, Dict[str, list]]:
     """The page's charts (tags are regular expressions; a Margin chart names its value, lower and upper tags): the
+    achieved FLOP/s per device where the run's FLOPs were counted, MFU where the device's peak is known too; the
     breakdown's parts per window between decision points when it runs, those that apply to ``ranks`` processes."""
+    window = r"^throughput/window/"
     page = {"Throughput and accuracy": {
-        "images/sec (all ranks)": ["Multiline", [r"^throughput/window/images_per_sec$"]],
-        "images/sec per device": ["Multiline", [r"^throughput/window/images_per_sec_per_device$"]],
+        "images/sec (all ranks)": ["Multiline", [rf"{window}images_per_sec$"]],
+        "images/sec per device": ["Multiline", [rf"{window}images_per_sec_per_device$"]],
+        **({"FLOP/s per device (achieved)": ["Multiline", [rf"{window}flops_per_sec_per_device$"]]} if flops else {}),
+        **({"MFU (of one device's peak)": ["Multiline", [rf"{window}mfu$"]]} if mfu else {}),
         "validation accuracy (95 % interval)": ["Margin", list(ACCURACY_BAND)],
         "loss (training, validation)": ["Multiline", [r"^train/loss$", r"^val/loss$"]]}}
     if breakdown:
@@ -50,10 +55,12 @@ def layout(breakdown: bool, ranks: int) -> Dict[str, Dict[str, list]]:
     return page
 
 
-def write_layout(trainer: Trainer, breakdown: bool) -> None:
-    """The run's page into its TensorBoard folder (rank 0), for its number of processes."""
+def write_layout(trainer: Trainer, breakdown: bool, use=None) -> None:
+    """The run's page into its TensorBoard folder (rank 0), for its number of processes and what ``use`` (a
+    callbacks.flops.DeviceUse) knows."""
     if trainer.is_global_zero:
-        summary = custom_scalars(layout(breakdown, trainer.world_size))
+        flops, peak = (bool(use.flops_per_image), bool(use.flops_per_image and use.peak)) if use else (False, False)
+        summary = custom_scalars(layout(breakdown, trainer.world_size, flops, peak))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 compat.write_tensorboard_summaries(logger, [summary])

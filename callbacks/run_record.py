@@ -216,9 +216,10 @@ def write_records(trainer: Trainer) -> None:
 
 
 class RunRecord(Callback):
-    """The run's hyperparameters with the numbers derived from them (batch plan, learning rates, strategy: the start
-    block's) to every logger when fit starts: ``hparams.yaml`` and TensorBoard's HPARAMS tab. The loggers' rows on
-    disk whenever a checkpoint is written (a resume never lacks rows before its step) and at each epoch's start."""
+    """The run's hyperparameters with the numbers derived from them (batch plan, learning rates, strategy, training
+    FLOPs per image and the device's peak: the start block's) to every logger when fit starts: ``hparams.yaml`` and
+    TensorBoard's HPARAMS tab. The loggers' rows on disk whenever a checkpoint is written (a resume never lacks rows
+    before its step) and at each epoch's start."""
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         write_records(trainer)
@@ -232,6 +233,8 @@ class RunRecord(Callback):
         params.update(plan.as_dict() if plan is not None else {})
         params.update(asdict(rates) if rates is not None else {})
         params.update(describe_run(trainer))
+        report = next((c for c in trainer.callbacks if hasattr(c, "device_use")), None)  # ThroughputReport's setup
+        params.update(report.device_use.params() if report is not None else {})  # counted its FLOPs and peak
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
             if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:

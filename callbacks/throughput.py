@@ -1,11 +1,11 @@
 """Images/sec and cumulative training time per epoch over all ranks, validation excluded: all ranks' images over the
 slowest rank's time (Lightning's ThroughputMonitor assumes every rank is as fast as rank 0); and where each rank's
 step time goes (callbacks/step_time.py), in the same record and the same epoch-end gather. Inside an epoch, images/sec
-per window of ``log_every_n_steps``, from rank 0's clock: a curve for the review page (callbacks/review_page.py)."""
+per window of ``log_every_n_steps``, from rank 0's clock: a curve for the review page (callbacks/review_page.py); and
+beside each, achieved FLOP/s and MFU (callbacks/flops.py). The clock and the arithmetic over the ranks:
+callbacks/epoch_clock.py."""
 
-import time
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -13,101 +13,22 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from callbacks import review_page, step_marks, step_time
+from callbacks.epoch_clock import EpochClock, EpochTiming, combine_ranks
+from callbacks.flops import DeviceUse, format_mfu, peak_refusal
 from callbacks.step_marks import CudaEvents, HostClock, StepTimer
 from callbacks.run_record import EpochRecord
 
 
-@dataclass
-class EpochTiming:
-    """One rank's training epoch: images seen and seconds spent (validation excluded)."""
-
-    images: int = 0
-    seconds: float = 0.0
-    data_wait_s: float = 0.0  # host time between the end of one step and the start of the next
-    compute_s: float = 0.0  # host time inside the step (forward, backward, optimizer)
-
-
-class EpochClock:
-    """Times one rank's training epochs; pausable so validation does not count. Clock injectable for tests."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self.timing = EpochTiming()
-        self._epoch_start: Optional[float] = None
-        self._paused_at: Optional[float] = None
-        self._paused_s = 0.0
-        self._last_mark: Optional[float] = None
-        self._batch_start: Optional[float] = None
-
-    def start_epoch(self) -> None:
-        self.timing = EpochTiming()
-        self._epoch_start = self._last_mark = self.clock()
-        self._paused_s, self._paused_at = 0.0, None
-
-    def start_batch(self) -> None:
-        if self._last_mark is None:
-            self.start_epoch()  # resumed mid-epoch: Lightning does not call on_train_epoch_start again
-        now = self.clock()
-        self.timing.data_wait_s += now - self._last_mark
-        self._batch_start = now
-
-    def end_batch(self, images: int) -> float:
-        """Count the batch; returns its host time (start of the step to its end)."""
-        now = self.clock()
-        step_s = now - self._batch_start
-        self.timing.compute_s += step_s
-        self.timing.images += images
-        self._last_mark = now
-        return step_s
-
-    def trained_s(self) -> float:
-        """The epoch's training seconds up to the last batch's end."""
-        return self._last_mark - self._epoch_start - self._paused_s
-
-    def pause(self) -> None:
-        if self._epoch_start is not None and self._paused_at is None:
-            self._paused_at = self.clock()
-
-    def resume(self) -> None:
-        if self._paused_at is not None:
-            now = self.clock()
-            self._paused_s += now - self._paused_at
-            self._last_mark = now  # time in validation is not data-wait either
-            self._paused_at = None
-
-    def end_epoch(self) -> EpochTiming:
-        if self._epoch_start is None:  # resumed after the epoch's last batch: nothing of it was trained here
-            self.start_epoch()
-        now = self._paused_at if self._paused_at is not None else self.clock()
-        self.timing.seconds = now - self._epoch_start - self._paused_s
-        self._epoch_start = None
-        return self.timing
-
-
-def combine_ranks(timings: List[EpochTiming], devices_per_rank: int = 1, cumulative_s: float = 0.0) -> Dict[str, float]:
-    """The epoch's columns of the record: all ranks' images over the slowest rank's time, which adds to
-    ``cumulative_s`` (the training time before this epoch); data-wait and compute are rank means. ``devices_per_rank``:
-    GPUs one process drives (dp); the per-device rate divides by every device."""
-    n = len(timings)
-    seconds = max(t.seconds for t in timings)
-    rate = sum(t.images for t in timings) / seconds if seconds > 0 else 0.0
-    return {"throughput/images_per_sec": rate,
-            "throughput/images_per_sec_per_device": rate / (n * devices_per_rank),
-            "time/epoch_s": seconds,
-            "time/cumulative_s": cumulative_s + seconds,
-            "time/data_wait_s": sum(t.data_wait_s for t in timings) / n,
-            "time/compute_s": sum(t.compute_s for t in timings) / n}
-
-
-def format_epoch_line(record: EpochRecord) -> str:
+def format_epoch_line(record: EpochRecord, mfu: Optional[float] = None) -> str:
     """The DLI workshop's per-epoch line, so figures can be compared with the course's; ``n/a`` where the record has
-    no value (no validation ran in that epoch)."""
+    no value (no validation ran in that epoch); ``, MFU = 3.1 %`` at its end where the device's peak is known."""
 
     def num(value) -> str:
         return "n/a" if value is None else f"{float(value):.3f}"
 
     return (f"Epoch {record.epoch}: Cumulative Time = {record.cumulative_s:.3f}, Images/sec = "
-            f"{record.images_per_sec:.2f}, Val Loss = {num(record.val_loss)}, Val Acc = {num(record.val_acc)}")
+            f"{record.images_per_sec:.2f}, Val Loss = {num(record.val_loss)}, Val Acc = {num(record.val_acc)}"
+            f"{format_mfu(mfu) if mfu is not None else ''}")
 
 
 def log_to_loggers(trainer: Trainer, metrics: dict, step: Optional[int] = None) -> None:
@@ -129,14 +50,17 @@ class ThroughputReport(Callback):
     reports"); ``time/first_step_s`` carries compilation and warm-up, and is printed with ``--model.compile true``."""
 
     def __init__(self, breakdown: Optional[bool] = None, check_every_n_steps: int = 50,
-                 gpu_sample_every: int = 20) -> None:
+                 gpu_sample_every: int = 20, peak_flops: Optional[float] = None) -> None:
         """``breakdown``: the per-rank step-time breakdown, per epoch and per window of ``check_every_n_steps``
         optimizer steps, the ranks' decision points (linked from ``--check_every_n_steps``). None: on CPU ranks, where
         it costs nothing measurable, off on CUDA ranks until its sampled form is measured there (docs/benchmarks.md);
         True: on both. ``gpu_sample_every``: on CUDA ranks one batch in this many is timed (CUDA events, reused) and
-        the parts are scaled to all of them; the line and ``time/sampled_every`` say so. CPU ranks time every batch."""
+        the parts are scaled to all of them; the line and ``time/sampled_every`` say so. CPU ranks time every batch.
+        ``peak_flops``: one device's peak FLOP/s for MFU (linked from ``--peak_flops``); None: Lightning's table for
+        the GPU and precision, or a matmul measured at start-up on a CPU (callbacks/flops.py)."""
         if gpu_sample_every < 1:
             raise MisconfigurationException(f"gpu_sample_every must be >= 1, got {gpu_sample_every}")
+        self.peak_flops, self.device_use = peak_flops, DeviceUse()  # counted at setup, on rank 0
         self.breakdown, self.gpu_sample_every, self.every = breakdown, gpu_sample_every, check_every_n_steps
         self.timer: Optional[StepTimer] = None  # set at setup when the breakdown runs
         self.clock = EpochClock()
@@ -158,7 +82,14 @@ class ThroughputReport(Callback):
         return device in ("cpu", "cuda") and (self.breakdown if self.breakdown is not None else device == "cpu")
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        device = trainer.strategy.root_device.type
+        device, net = trainer.strategy.root_device.type, getattr(pl_module, "net", None)
+        if peak_refusal(self.peak_flops):  # here, not in __init__: jsonargparse builds the callbacks while it parses
+            raise MisconfigurationException(peak_refusal(self.peak_flops))
+        if stage == "fit" and isinstance(net, torch.nn.Module) and trainer.is_global_zero:  # before the start block
+            self.device_use = DeviceUse.measure(net, getattr(pl_module, "batch_size", 2) * getattr(
+                pl_module, "virtual_devices", 1), trainer.strategy.root_device, trainer.precision, self.peak_flops)
+            notes = getattr(pl_module, "start_notes", [])  # a second fit of the module: its lines replaced
+            notes[:] = [note for note in notes if not note.startswith(DeviceUse.LABELS)] + list(self.device_use.lines)
         if stage == "fit" and self.breakdown_on(device):
             self.timer = StepTimer(HostClock()) if device == "cpu" else StepTimer(CudaEvents(), self.gpu_sample_every)
             step_marks.time_before_setup(self.timer, trainer.strategy)
@@ -166,7 +97,7 @@ class ThroughputReport(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.timer is not None:
             step_marks.time_after_setup(self.timer, trainer.strategy, pl_module)
-        review_page.write_layout(trainer, self.timer is not None)
+        review_page.write_layout(trainer, self.timer is not None, self.device_use)
         every = trainer.log_every_n_steps if trainer.is_global_zero and trainer.loggers else 0
         self._steps, self._window_every, self._before = 0, every, (0.0, 0)
         self._window_end = every - trainer.global_step % every if every else -1  # a resumed run: Lightning's count
@@ -220,9 +151,10 @@ class ThroughputReport(Callback):
                              samples=images + self.clock.timing.images)
         rates = self._windows.compute()
         mine = rates["device/samples_per_sec"]  # of this process's devices (dp: several)
+        device = mine / getattr(trainer.strategy, "devices_per_process", 1)
         log_to_loggers(trainer, {"throughput/window/images_per_sec": rates.get("samples_per_sec", mine),
-                                 "throughput/window/images_per_sec_per_device":
-                                     mine / getattr(trainer.strategy, "devices_per_process", 1),
+                                 "throughput/window/images_per_sec_per_device": device,
+                                 **self.device_use.figures(device, "throughput/window/"),
                                  "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
 
     # No stage check: the clock ignores a pause outside a training epoch (sanity check, the validate subcommand).
@@ -259,6 +191,7 @@ class ThroughputReport(Callback):
         figures = combine_ranks([EpochTiming(int(r[0]), r[1], r[2], r[3]) for r in rows],
                                 getattr(trainer.strategy, "devices_per_process", 1), self.cumulative_s)
         self.cumulative_s = figures["time/cumulative_s"]
+        figures.update(self.device_use.figures(figures["throughput/images_per_sec_per_device"], "throughput/"))
         breakdown = None
         if parts is not None:
             breakdown, windows = parts.combine([row[4:] for row in rows], lambda values: gather_rows(trainer, values))
@@ -271,7 +204,8 @@ class ThroughputReport(Callback):
                                  "epoch": trainer.current_epoch, **figures})
         line = format_epoch_line(EpochRecord(trainer.current_epoch + 1, self.cumulative_s,
                                              figures["throughput/images_per_sec"],
-                                             logged.get("val/loss"), logged.get("val/acc")))
+                                             logged.get("val/loss"), logged.get("val/acc")),
+                                 figures.get("throughput/mfu"))
         if trainer.is_global_zero:
             bar = trainer.progress_bar_callback
             for text in [line] + ([step_time.format_line(breakdown)] if breakdown is not None else []):

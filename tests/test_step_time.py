@@ -122,7 +122,9 @@ def test_on_a_clean_run_the_parts_add_up_and_other_is_at_most_5_percent(tmp_path
     layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
     scalars = events.Tags()["scalars"]
     charts = [chart for category in layout.category for chart in category.chart]
-    assert len(charts) == 4 + len(PARTS), layout  # and each part per window, comm and wait included with 2 ranks
+    # images/sec twice, FLOP/s and MFU (the CPU probe's peak), accuracy, loss; and each part per window, comm and
+    # wait included with 2 ranks
+    assert len(charts) == 6 + len(PARTS), layout
     for chart in charts:
         margin = chart.margin.series[0] if chart.HasField("margin") else None
         tags = [f"^{margin.value}$", f"^{margin.lower}$", f"^{margin.upper}$"] if margin else chart.multiline.tag

@@ -7,10 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from callbacks.flops import si, training_flops
 from callbacks.run_record import read_epochs, read_rows
-from tests.epoch_lines import parse_epoch_lines
+from lightning_modules.networks import SmallCNN
+from tests.epoch_lines import epoch_mfus, parse_epoch_lines
 from tests.conftest import run_train, experiment_dir, run_dir
 
 
@@ -125,8 +128,25 @@ def test_tensorboard_hparams_tab_holds_the_derived_run_facts(first_run):
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     content = accumulator.PluginTagToContent("hparams")["_hparams_/session_start_info"]
-    for fact in (b"effective_batch_size", b"scaled_lr", b"world_size", b"warmup_steps", b"backend"):
+    for fact in (b"effective_batch_size", b"scaled_lr", b"world_size", b"warmup_steps", b"backend",
+                 b"train_flops_per_image", b"peak_flops"):
         assert fact in content
+
+
+@pytest.mark.oldest
+def test_start_block_names_the_training_flops_and_every_epoch_line_ends_with_the_record_mfu(first_run):
+    """The default network's FLOPs as torch's counter gives them, in the start block and hparams.yaml; the CPU
+    probe's peak; each epoch line's MFU is the one in metrics.csv (2 epochs, one device)."""
+    cwd, result = first_run
+    flops = training_flops(SmallCNN())
+    log = result.stdout + result.stderr
+    assert f"  training FLOPs  : {si(flops, 'FLOP')} an image, forward and backward (FlopCounterMode" in log
+    assert re.search(r"  peak FLOP/s     : [\d.]+ [GT]FLOP/s per device, a float32 matmul on \d+ thread\(s\), "
+                     r"measured at start-up in [\d.]+ s", log), log
+    folder = run_dir(cwd)
+    assert yaml.safe_load((folder / "hparams.yaml").read_text())["train_flops_per_image"] == flops
+    epochs = [float(row["throughput/mfu"]) for row in read_rows(folder / "metrics.csv") if row.get("throughput/mfu")]
+    assert len(epochs) == 2 and epoch_mfus(result.stdout) == pytest.approx(epochs, abs=5.01e-4)
 
 
 @pytest.mark.oldest

@@ -57,7 +57,11 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
         parser.add_argument("--breakdown", type=Optional[bool], default=None,
                             help="the per-rank step-time breakdown; default: on CPU ranks, off on GPUs until its "
                                  "sampled form is measured there (docs/benchmarks.md)")
+        parser.add_argument("--peak_flops", type=Optional[float], default=None,
+                            help="one device's peak FLOP/s for MFU; default: Lightning's table for the GPU and "
+                                 "precision, on a CPU a matmul measured at start-up (docs/reporting.md)")
         parser.link_arguments("breakdown", "trainer.callbacks.init_args.breakdown")
+        parser.link_arguments("peak_flops", "trainer.callbacks.init_args.peak_flops")
         parser.link_arguments("progress", "trainer.callbacks.init_args.show_progress")
         parser.link_arguments("check_every_n_steps", "trainer.callbacks.init_args.check_every_n_steps")
         # Its own section (--stop_at_target.*, shorthand --target_accuracy): LightningCLI appends it to the callbacks.

@@ -9,6 +9,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from callbacks.flops import peak_refusal
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME
 from fashion_mnist_dp.cli.slurm import check_slurm_layout
 from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
@@ -155,6 +156,8 @@ def check_config(config) -> None:
     clip = trainer.gradient_clip_val
     if clip is not None and not (isinstance(clip, (int, float)) and clip >= 0):
         raise ConfigError(f"trainer.gradient_clip_val is {clip!r}: give a norm >= 0 (0 or unset: no clipping)")
+    if (refusal := peak_refusal(config.get("peak_flops"))) is not None:
+        raise ConfigError(refusal)
     nodes = trainer.num_nodes or 1
     if slurm_mismatch := check_slurm_layout(os.environ, parse_devices(trainer.devices), nodes):
         raise ConfigError(slurm_mismatch)

@@ -18,11 +18,11 @@ from fashion_mnist_dp.runtime import Agreement, VerifiedCheckpointIO, signals
 
 def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD, momentum: float = 0.9,
                weight_decay: float = 5e-4, lr_policy: LRPolicy = LRPolicy(), **kwargs) -> FashionMNISTClassifier:
-    """configs/default.yaml's model built in Python: ``network`` by its short name, SGD with momentum unless
-    ``optimizer`` says otherwise (then ``momentum`` is not passed)."""
+    """configs/default.yaml's model built in Python: ``network`` by its short name (or a module), SGD with momentum
+    unless ``optimizer`` says otherwise (then ``momentum`` is not passed)."""
     args = dict(lr=lr, weight_decay=weight_decay, **({"momentum": momentum} if optimizer is torch.optim.SGD else {}))
-    return FashionMNISTClassifier(import_class(CLASS_NAMES["--model.network"][network])(),
-                                  partial(optimizer, **args), lr_policy, **kwargs)
+    net = network if isinstance(network, torch.nn.Module) else import_class(CLASS_NAMES["--model.network"][network])()
+    return FashionMNISTClassifier(net, partial(optimizer, **args), lr_policy, **kwargs)
 
 
 @pytest.fixture

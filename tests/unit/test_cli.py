@@ -172,6 +172,9 @@ BAD_VALUES = [
     (["--run_name", "a", "--trainer.logger.init_args.version", "b"], "--run_name a and the logger's version b name "
                                                                       "the run twice"),
     (["--collective_timeout", "0"], "collective_timeout must be a number of seconds > 0; got '0.0' (see python"),
+    (["--peak_flops", "-1"], "peak_flops (--peak_flops) is -1.0: give one device's peak FLOP/s, a finite number > 0"),
+    (["--peak_flops", "0"], "peak_flops (--peak_flops) is 0.0: give one device's peak FLOP/s"),
+    (["--peak_flops", "inf"], 'Parser key "peak_flops"'),  # jsonargparse's: a float it reads is finite
     (["--config", "missing.yaml"], "File does not exist"),
     (["--config", "empty.yaml"], "--config empty.yaml: the file is empty"),
     (["--config", "broken.yaml"], "--config broken.yaml: not valid YAML"),

@@ -22,15 +22,26 @@ def test_the_accuracy_interval_is_wilsons_and_stays_within_0_and_1():
     assert accuracy_interval(1.0, 101) == pytest.approx((101 / (101 + 1.959964 ** 2), 1.0))
 
 
-def test_the_breakdowns_charts_are_its_parts_per_window_and_comm_and_wait_only_with_several_ranks():
-    def charts(breakdown, ranks):
-        return {title for section in layout(breakdown, ranks).values() for title in section}
+def charts(breakdown, ranks, flops=False, mfu=False):
+    return {title for section in layout(breakdown, ranks, flops, mfu).values() for title in section}
 
+
+def test_the_breakdowns_charts_are_its_parts_per_window_and_comm_and_wait_only_with_several_ranks():
     page = {"images/sec (all ranks)", "images/sec per device", "validation accuracy (95 % interval)",
             "loss (training, validation)"}
     assert charts(False, 4) == page
     assert charts(True, 2) == page | set(PARTS)
     assert charts(True, 1) == page | set(PARTS) - {"comm", "wait"}
+
+
+def test_the_throughput_group_draws_achieved_flops_where_they_were_counted_and_mfu_where_the_peak_is_known_too():
+    throughput = {"FLOP/s per device (achieved)": r"^throughput/window/flops_per_sec_per_device$",
+                  "MFU (of one device's peak)": r"^throughput/window/mfu$"}
+    for flops, mfu, shown in ((False, False, []), (True, False, ["FLOP/s per device (achieved)"]),
+                              (True, True, list(throughput))):
+        group = layout(False, 1, flops, mfu)["Throughput and accuracy"]
+        assert {title: group[title][1] for title in shown} == {title: [throughput[title]] for title in shown}
+        assert not set(throughput) - set(shown) & set(group)
 
 
 def test_every_chart_names_tags_the_run_logged_and_the_band_holds_the_accuracy(fashion_root, tmp_path):
@@ -42,6 +53,8 @@ def test_every_chart_names_tags_the_run_logged_and_the_band_holds_the_accuracy(f
     (config,) = events.Tensors("custom_scalars__config__")
     page = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
     logged = events.Tags()["scalars"]
+    titles = {chart.title for category in page.category for chart in category.chart}
+    assert {"FLOP/s per device (achieved)", "MFU (of one device's peak)"} <= titles  # the CPU probe's peak
     for chart in (chart for category in page.category for chart in category.chart):
         if chart.HasField("margin"):
             (series,) = chart.margin.series

@@ -3,12 +3,8 @@
 import pytest
 
 from callbacks.run_record import EpochRecord
-from callbacks.throughput import (
-    EpochClock,
-    EpochTiming,
-    combine_ranks,
-    format_epoch_line,
-)
+from callbacks.epoch_clock import EpochClock, EpochTiming, combine_ranks
+from callbacks.throughput import format_epoch_line
 
 
 class FakeClock:
