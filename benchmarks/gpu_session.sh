@@ -37,6 +37,10 @@
 #   bash benchmarks/gpu_session.sh mfu       # 330 s: MFU of the default recipe (fp32, 3 epochs), fast_gpu.yaml and
 #                                            #   record_gpu.yaml, the breakdown on (which part bounds each): their
 #                                            #   start-block FLOPs and peak, epoch lines and step-time lines
+#   bash benchmarks/gpu_session.sh recorder  # 300 s: NCCL's flight recorder: images/sec with it on (train.py's default)
+#                                            #   and off, interleaved pairs, cnn at batch 128 and gpu_cnn at 1000
+#                                            #   (ddp, 1 GPU); a hang made on purpose (benchmarks/nccl_hang.py) and
+#                                            #   fr_trace reading its dump
 #   bash benchmarks/gpu_session.sh ema       # callbacks.WeightEMA against Lightning's EMAWeightAveraging (which reads
 #                                            # its update count from the device every step), 10 pairs, same decay
 # Timing on an H200 (2026-11-26): tests 10 s; each train.py run of trace and cost about 20 s, so a cost stage takes
@@ -124,11 +128,24 @@ fast_gpu 90 9.894e14 --config configs/recipes/fast_gpu.yaml
 record_gpu 140 9.894e14 --config configs/recipes/record_gpu.yaml
 RUNS
              ;;
+        recorder) for pair in 1 2 3 4 5; do for network in cnn:128 gpu_cnn:1000; do
+                      name=${network%:*} batch=${network#*:}
+                      for mode in on off; do  # off: the buffers at 0, as torch has them by default
+                          if [ $mode = off ]; then off="TORCH_NCCL_TRACE_BUFFER_SIZE=0 TORCH_FR_BUFFER_SIZE=0"; else off=; fi
+                          env $off limit 60 python3 train.py --accelerator gpu --strategy ddp --devices 1 --network "$name" \
+                              --batch_size "$batch" --epochs 1 --test_after_fit false \
+                              --trainer.default_root_dir /tmp/recorder-runs 2>&1 \
+                              | grep -E "^Epoch|flight recorder" | sed "s/^/$name $mode $pair: /" | tee -a "$out/recorder.txt"
+                      done; done; done
+                  limit 60 python3 -m benchmarks.nccl_hang /tmp/nccl-hang 2>&1 | tail -5 | tee -a "$out/recorder.txt"
+                  ls -l /tmp/nccl-hang | tee -a "$out/recorder.txt"
+                  limit 60 python3 -m torch.distributed.flight_recorder.fr_trace /tmp/nccl-hang --prefix nccl-trace-rank \
+                      2>&1 | tail -40 | tee -a "$out/recorder.txt" ;;
         ema) python3 -m benchmarks.step_time_cost --accelerator gpu --devices 1 --pairs "${PAIRS:-10}" \
                  --on="--trainer.callbacks+=callbacks.WeightEMA" \
                  --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
                  2>&1 | tee "$out/ema.txt" ;;
         *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record," \
-                "graphs, narrow, cost, cost16, mfu or ema" >&2; exit 2 ;;
+                "graphs, narrow, cost, cost16, mfu, recorder or ema" >&2; exit 2 ;;
     esac
 done

@@ -232,7 +232,8 @@ class BreakCheckpointFolder(Callback):
 
 
 class HangRank(Callback):
-    """Global rank ``rank`` stops taking part at optimizer step ``step`` (sleeps), as a rank stuck in I/O would."""
+    """Global rank ``rank`` stops taking part at optimizer step ``step`` (sleeps), as a rank stuck in I/O would; with
+    ``$SAMPLE_RECORD_DIR`` set it first writes ``hung`` there (when the hang began)."""
 
     def __init__(self, rank: int = 1, step: int = 6) -> None:
         self.rank = rank
@@ -240,6 +241,8 @@ class HangRank(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step >= self.step:
+            if os.environ.get("SAMPLE_RECORD_DIR"):
+                (Path(os.environ["SAMPLE_RECORD_DIR"]) / "hung").write_text(str(trainer.global_step))
             time.sleep(3600)
 
 

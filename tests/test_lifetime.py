@@ -25,6 +25,7 @@ from benchmarks.launch import (
     start_all,
     wait_all,
 )
+from fashion_mnist_dp.runtime.checkpoint_io import verify
 from fashion_mnist_dp.runtime.lifetime import LAUNCHER_PID_ENV, TIMEOUT_ENV
 from fashion_mnist_dp.runtime.signals import die_with_parent
 from tests.conftest import run_train
@@ -39,6 +40,20 @@ GONE_S = 10  # after the job's exit, every process of it (ranks, data workers) i
 
 def error_lines(stderr: str) -> list:
     return [line for line in stderr.splitlines() if line.startswith("train.py: error:")]
+
+
+def report_lines(stderr: str) -> list:
+    """The hang report: the lines after the fault's own (fashion_mnist_dp/runtime/hangs.py)."""
+    return [line.removeprefix("train.py: hang report: ") for line in stderr.splitlines()
+            if line.startswith("train.py: hang report: ")]
+
+
+def stacks_file(report: list, cwd: Path) -> str:
+    """The file the report's last line names: in the run's folder, every answering rank's stacks."""
+    path = Path(report[-1].rpartition(": ")[2])
+    path = path if path.is_absolute() else cwd / path
+    assert path.parent.parent.parent == cwd / "runs" and path.name.startswith("hang-"), path
+    return path.read_text()
 
 
 def assert_nothing_left(cwd: Path, since: float) -> None:
@@ -123,13 +138,45 @@ def test_a_stuck_rank_ends_the_job_within_the_collective_timeout_plus_30_s(tmp_p
     assert job.returncode == TEMPFAIL and TEST_TIMEOUT_S - 5 < took < BOUND_S, (job.returncode, took, job.tail())
     lines = error_lines(job.stderr)
     assert lines == [f"train.py: error: rank 0 timed out after {TEST_TIMEOUT_S} s waiting for the other ranks in a "
-                     f"collective (a rank is stuck or was lost; their output says which); resume with --ckpt_path "
-                     f"last, or raise --collective_timeout (now {TEST_TIMEOUT_S} s) if a step or a checkpoint save can "
-                     f"legitimately take longer"], job.tail()
+                     f"collective (a rank is stuck or was lost: the hang report below says which, and where); resume "
+                     f"with --ckpt_path last, or raise --collective_timeout (now {TEST_TIMEOUT_S} s) if a step or a "
+                     f"checkpoint save can legitimately take longer"], job.tail()
+    # Who hung: rank 1, at the step HangRank stopped it, in its hook; every rank's stacks in the run's folder
+    report = report_lines(job.stderr)
+    assert len(report) == 3 and report[0].startswith("rank 0 timed out waiting: at optimizer step "), job.tail()
+    assert re.fullmatch(r"rank 1 did not arrive: at optimizer step 6 \(training step\), in tests/recorder\.py:\d+ "
+                        r"on_train_batch_end(, .*)?", report[1]), report
+    stacks = stacks_file(report, tmp_path)
+    assert "=== rank 0 " in stacks and "=== rank 1 " in stacks and "time.sleep(3600)" in stacks, stacks[-3000:]
     assert "Traceback" not in job.stderr
     assert not on_exception.exists()  # the on-exception save was skipped, not waited for
     assert running_in(tmp_path) == []
     print(f"stuck rank 1 -> job exit {job.returncode} in {took:.1f} s")
+
+
+@pytest.mark.multiprocess
+def test_a_stopped_rank_is_named_with_the_last_decision_point_it_passed(tmp_path, fashion_root):
+    """Rank 1 SIGSTOPped during training (as a kernel hang or a dead NFS mount would stop it): it cannot answer, so
+    rank 0 names it as the one that did not, with the last decision point every rank passed; exit 75 within the
+    bound, the last checkpoint intact."""
+    job, rank1 = start_job(tmp_path, fashion_root, "--check_every_n_steps", "2")
+    os.kill(rank1, signal.SIGSTOP)
+    stopped = time.monotonic()
+    timed_out = wait_all([job], BOUND_S + 10)
+    took = time.monotonic() - stopped
+    assert timed_out is None, timed_out
+    assert job.returncode == TEMPFAIL and took < BOUND_S, (job.returncode, took, job.tail())  # the bound: the
+    # collective timeout, then at most the report's wait (10 s) and the exit
+    assert len(error_lines(job.stderr)) == 1 and "rank 0 timed out after" in error_lines(job.stderr)[0], job.tail()
+    report = report_lines(job.stderr)
+    assert re.fullmatch(r"rank 1 did not answer \(stopped, dead, or stuck outside Python\): the last decision point "
+                        r"every rank passed was optimizer step (\d+) \(.+\)", report[1]), report
+    assert int(re.search(r"step (\d+)", report[1])[1]) >= 6  # the marker came at step 6: it was training then
+    assert "=== rank 0 " in stacks_file(report, tmp_path) and "Traceback" not in job.stderr
+    (last,) = tmp_path.glob("runs/*/*/checkpoints/last.ckpt")
+    verify(last)  # the epoch-end checkpoint before the stop: intact
+    assert_nothing_left(tmp_path, time.monotonic())  # the stopped rank too (it dies with its launcher)
+    print(f"SIGSTOPped rank 1 -> job exit {job.returncode} in {took:.1f} s")
 
 
 @pytest.mark.multiprocess
@@ -159,6 +206,10 @@ def test_a_stalled_data_worker_ends_the_job_with_one_line_within_the_bound(tmp_p
                      f"--data.num_workers 0 (the default) loads in the rank itself; if a batch can legitimately take "
                      f"that long, raise --data.worker_timeout (below --collective_timeout, now {TEST_TIMEOUT_S} "
                      f"s)"], job.tail()
+    report = report_lines(job.stderr)  # rank 1's workers: the stalled one of training, validation's idle one
+    assert [line for line in report if re.fullmatch(r"rank 1's data worker \(pid \d+\) is in tests/recorder\.py:\d+ "
+                                                    r"__getitems__(, .*)?", line)], job.tail()
+    assert 'tests/recorder.py", line' in stacks_file(report, tmp_path)  # the worker's own dump (faulthandler)
     assert "Traceback" not in job.stderr
     assert_nothing_left(tmp_path, time.monotonic())
     print(f"stalled data worker on rank 1 -> job exit {job.returncode} in {took:.1f} s")
@@ -209,6 +260,7 @@ def test_ranks_that_cannot_meet_end_with_one_line_within_the_bound(tmp_path, fas
         rf"train\.py: error: rank 0 waited \d+ s for the other ranks to join, and only 1 of 2 did: start every rank "
         rf"\(same MASTER_ADDR, MASTER_PORT and WORLD_SIZE\) within collective_timeout \(now {TEST_TIMEOUT_S} s\) of "
         rf"each other, and check that they can reach MASTER_ADDR:MASTER_PORT", lines[0]), alone.tail()
+    assert report_lines(alone.stderr) == ["only this rank joined; rank 1 never reached MASTER_ADDR:MASTER_PORT"]
     assert all("Traceback" not in job.stderr for job in jobs)
     for name in ("busy", "alone"):
         assert_nothing_left(tmp_path / name, time.monotonic())

@@ -148,6 +148,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             self.model.start_notes += run_folders.open_run(self.trainer, self.datamodule,
                                                            self.config[self.subcommand], self.subcommand,
                                                            self.resumed, checkpoint)
+        elif self.trainer.strategy.root_device.type == "cuda":  # a rank a launcher started: its run's folder if known
+            run_folders.flight_recorder_of_rank(self.config[self.subcommand], self.resumed)
 
     before_fit = before_validate = before_test = before_predict = _before_launch
 

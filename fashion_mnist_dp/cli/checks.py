@@ -11,8 +11,8 @@ import torch
 
 from callbacks.flops import peak_refusal
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME
-from fashion_mnist_dp.cli.slurm import check_slurm_layout
-from fashion_mnist_dp.runtime.errors import ConfigError, CantWriteError
+from fashion_mnist_dp.cli.slurm import check_slurm_layout, rendezvous_environment_problem
+from fashion_mnist_dp.runtime.errors import CantWriteError, ConfigError, JobFault
 from fashion_mnist_dp.runtime.lifetime import is_launched_rank
 from fashion_mnist_dp.runtime.runs import NAME_LIMIT, name_problem
 from fashion_mnist_dp.strategies import CPU_NAME, is_fsdp, require_gpus, unshardable_optimizer
@@ -161,6 +161,9 @@ def check_config(config) -> None:
     nodes = trainer.num_nodes or 1
     if slurm_mismatch := check_slurm_layout(os.environ, parse_devices(trainer.devices), nodes):
         raise ConfigError(slurm_mismatch)
+    if problem := rendezvous_environment_problem(os.environ, gloo=accelerator == "cpu"):
+        line, network = problem
+        raise JobFault(line) if network else ConfigError(line)
     if nodes > 1 and not any(name in os.environ for name in LAUNCHER_VARIABLES):
         raise ConfigError(f"--num_nodes {nodes} needs a launcher on every node to tell each process its rank: run "
                           f"'torchrun --nnodes {nodes} --nproc-per-node DEVICES --node-rank I --master-addr NODE0 "

@@ -15,6 +15,7 @@ from datamodules.files import CorruptDataError, DataNotFoundError
 from fashion_mnist_dp.exit_codes import ExitCode
 from fashion_mnist_dp.runtime.errors import (CantWriteError, ConfigError, DataError, JobFault, Preempted,
                                              UserFacingError, one_line, print_line)
+from fashion_mnist_dp.runtime import hangs
 from fashion_mnist_dp.runtime.faults import describe_fault
 
 
@@ -63,7 +64,11 @@ def as_user_facing(error: BaseException, rank: Optional[int] = None) -> Optional
                            f"epoch: give at most {batches}, a fraction of the epoch in (0.0, 1.0], or also "
                            f"--trainer.check_val_every_n_epoch null to count batches across epochs")
     line = describe_fault(error, rank)
-    return None if line is None else JobFault(line, children=getattr(error, "children", ()))
+    if line is None:
+        return None
+    fault = JobFault(line, children=getattr(error, "children", ()))
+    fault.report = getattr(error, "report", ())
+    return fault
 
 
 def wait_for(children: Sequence, timeout_s: float = 30.0) -> None:
@@ -95,6 +100,7 @@ def reported(run: Callable[[], Sequence], rank: Callable[[], int] = lambda: 0,
             raise
         if not error.printed and (error.every_rank or (rank() if error.rank is None else error.rank) == 0):
             print_line(error, getattr(raw, "__notes__", ()))
+        hangs.end_others()  # a hang report's: its lines are out
         exiting(int(error.exit_code))
         if error.every_rank and error.exit_code != ExitCode.OK:
             failed_alone()

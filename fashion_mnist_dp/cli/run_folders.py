@@ -13,7 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from callbacks.run_record import MetricsCSV
 from datamodules.resumable import DataPositionWarning
 from fashion_mnist_dp.cli.outputs import experiment_name, root_folder
-from fashion_mnist_dp.runtime import runs
+from fashion_mnist_dp.runtime import hangs, runs
 from fashion_mnist_dp.runtime.resume import Resume
 
 
@@ -35,10 +35,12 @@ def open_run(trainer: Trainer, datamodule, config, subcommand: str, resumed: Res
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
             callback.dirpath = os.path.realpath(folder / "checkpoints")  # as Lightning's own; the other ranks take
             # rank 0's in setup
+    recorder = [hangs.flight_recorder(folder)] if trainer.strategy.root_device.type == "cuda" else []
     step = (checkpoint or {}).get("global_step")
     how = f"resumed at optimizer step {step}, {resumed.why}" if resumed.continued and step is not None else resumed.why
     seeded = f"; seed {seed}" if seed is not None else ""
-    return [f"  run             : {folder} ({how}{seeded})", *world_changed(trainer, datamodule, checkpoint)]
+    return [f"  run             : {folder} ({how}{seeded})", *world_changed(trainer, datamodule, checkpoint),
+            *recorder]
 
 
 def world_changed(trainer: Trainer, datamodule, checkpoint: Optional[dict]) -> List[str]:
@@ -65,3 +67,16 @@ def world_changed(trainer: Trainer, datamodule, checkpoint: Optional[dict]) -> L
                     f"trained twice or not at all")
     return [f"  resumed from    : {old_processes} process(es) of {old[1]} images a batch, effective "
             f"{old_processes * old[1] * trainer.accumulate_grad_batches}{lr} (now: as above); {goes_on}"]
+
+
+def flight_recorder_of_rank(config, resumed: Resume) -> None:
+    """A rank other than 0 sets NCCL's flight recorder before its process group as rank 0 does: into the run's folder
+    where it knows it before launch, else the experiment's, named by the job (rank 0's launch gives its own ranks
+    the run's folder through their environment)."""
+    if "TORCH_FR_DUMP_TEMP_FILE" in os.environ:  # set by rank 0 for the ranks it launched, or by the user
+        return
+    experiment = root_folder(config) / experiment_name(config)
+    job = "-".join(key.replace(" ", "-").lower() for key in runs.job_keys()) or "job"
+    folder = experiment / resumed.run if resumed.run else experiment / f"nccl-trace-{job}"
+    folder.mkdir(parents=True, exist_ok=True)
+    hangs.flight_recorder(folder)

@@ -83,6 +83,40 @@ def rendezvous_address(environment, environ: MutableMapping[str, str] = os.envir
                       f"/etc/hosts)")
 
 
+def interface_addresses(name: str) -> List[str]:
+    """The addresses of this host's interface ``name``: its IPv4 one (SIOCGIFADDR) and its IPv6 ones (/proc)."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe, contextlib.suppress(OSError):
+        found.append(socket.inet_ntoa(fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()))
+                                      [20:24]))
+    with contextlib.suppress(OSError), open("/proc/net/if_inet6") as table:
+        found += [line.split()[0] for line in table if line.split()[-1:] == [name]]
+    return found
+
+
+def rendezvous_environment_problem(environ: Mapping[str, str], gloo: bool) -> Optional[Tuple[str, bool]]:
+    """What is wrong with the rendezvous's variables, before any rank starts, and whether it is the network (an
+    interface this host does not have, or one without an address) rather than a bad value; None when nothing is.
+    ``gloo``: the run's backend is gloo, which GLOO_SOCKET_IFNAME steers."""
+    port = environ.get("MASTER_PORT")
+    if port is not None and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+        return (f"MASTER_PORT is {port!r}: give a TCP port from 1 to 65535 that rank 0's node can listen on, or unset "
+                f"it on one machine (train.py then picks a free one)"), False
+    if "MASTER_ADDR" in environ and not environ["MASTER_ADDR"].strip():
+        return ("MASTER_ADDR is set but empty: give the host name or IP address of rank 0's node, or unset it on one "
+                "machine"), False
+    given = environ.get("GLOO_SOCKET_IFNAME", "")
+    have = sorted(name for _, name in socket.if_nameindex())
+    for name in [part.strip() for part in given.split(",") if part.strip()] if gloo else []:
+        if name not in have:
+            return (f"GLOO_SOCKET_IFNAME is {given!r}, but this host has no interface {name} (it has "
+                    f"{', '.join(have)}): set it to the interface that reaches the other nodes, or unset it"), True
+        if not interface_addresses(name):
+            return (f"GLOO_SOCKET_IFNAME is {given!r}, but interface {name} has no address here (down, or not "
+                    f"configured): set it to an interface that reaches the other nodes, or unset it"), True
+    return None
+
+
 def route_interface(target: str) -> Optional[str]:
     """The interface the kernel routes to IPv4 ``target`` through, the one holding the route's source address (a UDP
     socket's connect() sends nothing; Linux's SIOCGIFADDR reads each interface's address), else None."""

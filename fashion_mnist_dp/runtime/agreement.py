@@ -16,6 +16,8 @@ VALIDATION = "validation_end"
 EPOCH_END = "train_epoch_end"
 BEFORE_SAVE = "before_save"
 DEFAULT_CHECK_EVERY_N_STEPS = 50
+POINTS = {TRAIN_STEP: "training step", VALIDATION: "validation end", EPOCH_END: "epoch end",
+          BEFORE_SAVE: "before a checkpoint save"}
 
 
 class Participant(Callback):
@@ -43,6 +45,7 @@ class Agreement(Callback):
         self.decisions = 0  # points decided so far (tests count them)
         self._trained_since = False
         self._decided_step = -1
+        self.last_point: Optional[str] = None  # the last point every rank passed (the hang report names it)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         check_order(trainer.callbacks)
@@ -56,6 +59,7 @@ class Agreement(Callback):
         vector = torch.cat(parts).float()  # one collective and the one host read of this point:
         rows = trainer.strategy.all_gather(vector).reshape(-1, vector.numel()).tolist()
         self.decisions += 1
+        self.last_point = f"optimizer step {trainer.global_step} ({POINTS[point]})"
         start = 0
         for participant, part in zip(self.participants, parts):
             participant.decide(trainer, pl_module, point, [row[start:start + part.numel()] for row in rows])

@@ -17,6 +17,7 @@ class UserFacingError(Exception):
     every_rank = True  # False: raised on every rank at once, rank 0 alone prints
     children_grace_s = 30.0  # for the rank processes this launching process waits for before it exits
     printed = False  # its line is already out (a stop prints it before any rank may exit)
+    report: Sequence[str] = ()  # lines after its own: the hang report of a fault (runtime/hangs.py)
 
     def __init__(self, *args, rank: Optional[int] = None, children: Sequence = ()) -> None:
         super().__init__(*args)
@@ -99,4 +100,6 @@ def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
     stream = sys.stdout if error.to_stdout else sys.stderr
     extra = "".join(f"; {note}" for note in notes)
     print(f"train.py: {error.prefix}{one_line(error)}{extra}{error.hint}", file=stream, flush=True)
+    for line in error.report:
+        print(f"train.py: {line}", file=stream, flush=True)
     error.printed = True

@@ -18,7 +18,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from fashion_mnist_dp.exit_codes import ExitCode
-from fashion_mnist_dp.runtime import compat, errors, runs
+from fashion_mnist_dp.runtime import compat, errors, hangs, runs
 from fashion_mnist_dp.runtime.agreement import BEFORE_SAVE, EPOCH_END, Participant
 from fashion_mnist_dp.runtime.checkpoint_io import sidecar_path, verify
 from fashion_mnist_dp.runtime.errors import Preempted
@@ -75,9 +75,11 @@ def end_peer_tasks(environ: Mapping[str, str] = os.environ) -> Optional[str]:
 
 
 def init_data_worker(worker_id: int) -> None:
-    """``worker_init_fn``: die with the rank and leave the four signals to it (it stops its workers)."""
+    """``worker_init_fn``: die with the rank and leave the four signals to it (it stops its workers); its stacks on
+    the rank's request (the hang report: runtime/hangs.py)."""
     for signum in (*SIGNALS, PEER_FAILED):
         signal.signal(signum, signal.SIG_IGN)
+    hangs.dump_on_signal()
     rank = multiprocessing.parent_process()
     if set_death_signal() and rank is not None and os.getppid() != rank.pid:
         os._exit(int(ExitCode.PEER_FAILED))  # the rank died before the request took effect

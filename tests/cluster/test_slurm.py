@@ -282,3 +282,22 @@ def test_a_requeued_task_of_a_job_array_resumes_its_own_run_while_the_other_trai
                          rf"of this SLURM job {job}_{task}; seed {task}\)$", output, flags=re.M), output[-4000:]
         assert "Traceback" not in output
         assert final_checkpoint_in(run)["global_step"] > 0
+
+
+def test_a_task_stuck_in_python_is_named_with_its_step_and_where_under_srun(slurm, fashion_root, tmp_path):
+    """srun's two tasks; rank 1 stops in a callback at step 6: rank 0 times out, its hang report names rank 1, the
+    step and the function, and the step ends (exit 75, the highest of its tasks') within the timeout + 30 s."""
+    record = tmp_path / "record"
+    record.mkdir()
+    args = ["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", *SEEDED, "--epochs", "50", "--data_dir",
+            str(fashion_root), "--collective_timeout", "20", "--trainer.callbacks+=tests.recorder.HangRank"]
+    result, ended = srun(slurm, tmp_path, ["--ntasks-per-node", "2"], args, SAMPLE_RECORD_DIR=str(record))
+    seconds = ended - (record / "hung").stat().st_mtime
+    print(f"\nsrun, rank 1 stuck in Python: the step ended {seconds:.1f} s after the hang")
+    assert result.returncode == 75, result.stderr[-3000:]
+    assert seconds < 20 + 30  # the collective timeout, then the report (its wait for answers is 10 s at most)
+    assert re.search(r"^train\.py: error: rank 0 timed out after 20 s waiting for the other ranks", result.stderr,
+                     flags=re.M), result.stderr[-3000:]
+    assert re.search(r"^train\.py: hang report: rank 1 did not arrive: at optimizer step 6 \(training step\), in "
+                     r"tests/recorder\.py:\d+ on_train_batch_end", result.stderr, flags=re.M), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr

@@ -127,8 +127,26 @@ def test_without_restarts_a_lost_worker_ends_both_agents_with_one_line(fashion_r
     # hosts the c10d store here: an agent whose store host ended first would report the lost store instead).
     assert re.search(r"exitcode\s*:\s*75\b", jobs[0].stderr), tails(jobs)
     assert re.search(r"exitcode\s*:\s*-9\b.*SIGKILL", jobs[1].stderr), tails(jobs)  # the killed worker
-    lines = [line for line in jobs[0].stderr.splitlines() if line.startswith("train.py:")]
+    lines = [line for line in jobs[0].stderr.splitlines() if line.startswith("train.py: error:")]
     assert len(lines) == 1 and re.search(r"rank 0 lost its connection to another rank", lines[0]), tails(jobs)
+    assert re.search(r"^train\.py: hang report: rank 1 did not answer .*: the last decision point every rank passed "
+                     r"was optimizer step \d+", jobs[0].stderr, flags=re.M), tails(jobs)
+
+
+def test_a_worker_stuck_in_python_is_named_with_its_step_and_where_under_torchrun(fashion_root, tmp_path):
+    """The one-node line, no restarts: rank 1 stops in a callback at step 6; rank 0 times out, and the hang report
+    names rank 1, its step and its function; the job ends within the collective timeout + 30 s of the hang."""
+    folder = tmp_path / "job"
+    jobs, record, ended = run_agents(folder, ONE_NODE, 1, 2, ["--data_dir", str(fashion_root), "--collective_timeout",
+                                                              "20", "--trainer.callbacks+=tests.recorder.HangRank"],
+                                     max_restarts="0", ckpt_path="null")
+    seconds = ended - (record / "hung").stat().st_mtime
+    print(f"\ntorchrun, rank 1 stuck in Python: the job ended {seconds:.1f} s after the hang")
+    assert jobs[0].returncode == 1 and re.search(r"exitcode\s*:\s*75\b", jobs[0].stderr), tails(jobs)
+    assert seconds < 20 + 30  # the collective timeout, then the report (its wait for answers is 10 s at most)
+    assert re.search(r"^train\.py: hang report: rank 1 did not arrive: at optimizer step 6 \(training step\), in "
+                     r"tests/recorder\.py:\d+ on_train_batch_end", jobs[0].stderr, flags=re.M), tails(jobs)
+    assert "Traceback" not in "".join(line for line in jobs[0].stderr.splitlines(True) if "train.py" in line)
 
 
 def test_a_flag_the_documents_line_no_longer_has_fails_the_recipe_instead_of_being_ignored():

@@ -42,8 +42,8 @@ FAULTS = {
     "transport/tcp/pair.cc:144] Connection reset by peer [127.0.0.1]:54321): across hosts, set GLOO_SOCKET_IFNAME",
     "RuntimeError: [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, "
     "NumelIn=1, NumelOut=1, Timeout(ms)=300000) ran for 300012 milliseconds before timing out.":
-        "rank 3 timed out after 300 s waiting for the other ranks in a collective (a rank is stuck or was lost; their "
-        "output says which); resume with --ckpt_path last, or raise --collective_timeout (now ",
+        "rank 3 timed out after 300 s waiting for the other ranks in a collective (a rank is stuck or was lost: the "
+        "hang report below says which, and where); resume with --ckpt_path last, or raise --collective_timeout (now ",
 }
 
 
