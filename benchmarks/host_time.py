@@ -4,14 +4,13 @@
     ... --accelerator gpu --network cnn --batch_size 512 --precision bf16-mixed   # the same rows on a GPU (P1)
 
 With ``lightning_modules.networks.MLP`` of 8 hidden units (6.4 K parameters), batch 128, one thread, what is left of
-a step is host work: the regime of a small model's GPU step, whose time is bound by the Python around it. Five rows,
+a step is host work: the regime of a small model's GPU step, whose time is bound by the Python around it. Four rows,
 each in its own process, run in interleaved order (a, b, c, d, then d, c, b, a, ...), medians of the repeats:
 
   bare:       a PyTorch loop (forward, loss, backward, SGD step) over batches already in memory;
   lightning:  the same in a minimal LightningModule under a plain ``Trainer`` (no logger, checkpoint, bar, summary);
-  reference:  the same + as many no-op callbacks as a default run holds (22) + a ``CSVLogger``;
-  lean reference: the same + ``callbacks.LeanDispatch``, which train.py's config lists: what train.py's own
-              per-step work costs beyond Lightning's, with the dispatch of no-op hooks skipped in both;
+  reference:  the same + as many no-op callbacks as a default run holds (10) + a ``CSVLogger``: what train.py's
+              own per-step work costs beyond Lightning's, each callback's hooks dispatched by Lightning in both;
   train.py:   ``python train.py --network mlp --model.network.init_args.hidden 8`` (configs/default.yaml, every
               callback on), on the Fashion-MNIST files of ``$FASHION_MNIST_DIR``.
 
@@ -38,10 +37,10 @@ from benchmarks import launch
 from benchmarks.tables import markdown_table, median_range
 
 HIDDEN, SKIP, STEPS, EPOCH, TRAIN_IMAGES = 8, 20, 400, 1, 60000
-# a default run's trainer.callbacks at setup: default.yaml's 19 with a step hook (not HeapReuse) and the 3 the CLI adds
-DEFAULT_CALLBACKS = 22
+# a default run's trainer.callbacks at setup: default.yaml's 7 and the 3 the CLI and Lightning add
+DEFAULT_CALLBACKS = 10
 SUB_WINDOW = 50  # steps: each holds one decision point (check_every_n_steps) and one log step
-ROWS = ("bare", "lightning", "reference", "lean reference", "train.py")
+ROWS = ("bare", "lightning", "reference", "train.py")
 GOAL = 1.25  # train.py / reference, the goal
 DEFAULT_SETTING = {"network": "mlp8", "batch_size": 128, "accelerator": "cpu", "precision": "32-true"}
 
@@ -186,7 +185,7 @@ def run_bare() -> None:
             optimizer.step()
 
 
-def run_lightning(reference: bool, lean: bool) -> None:
+def run_lightning(reference: bool) -> None:
     import torch
     import torch.nn.functional as F
     from lightning.pytorch import LightningModule, Trainer
@@ -207,10 +206,6 @@ def run_lightning(reference: bool, lean: bool) -> None:
     torch.manual_seed(0)
     chosen = setting()
     callbacks: List[Callback] = [StepWindow()] + ([Callback() for _ in range(DEFAULT_CALLBACKS)] if reference else [])
-    if lean:
-        from callbacks import LeanDispatch
-
-        callbacks.append(LeanDispatch())
     with tempfile.TemporaryDirectory() as logs:
         trainer = Trainer(accelerator=chosen["accelerator"], devices=1, precision=chosen["precision"],
                           max_epochs=EPOCH + 1, callbacks=callbacks,
@@ -289,13 +284,13 @@ def main(argv=None) -> int:
     parser.add_argument("--before", metavar="CHECKOUT", help="also time CHECKOUT's train.py (a git worktree of an "
                         "earlier commit; this file is copied into its benchmarks/): the row 'train.py before'")
     parser.add_argument("--profile", action="store_true", help="also profile train.py's window once")
-    parser.add_argument("--row", choices=ROWS[:4], help=argparse.SUPPRESS)  # a child process: one row
+    parser.add_argument("--row", choices=ROWS[:3], help=argparse.SUPPRESS)  # a child process: one row
     args = parser.parse_args(argv)
     if args.row == "bare":
         run_bare()
         return 0
     if args.row:
-        run_lightning(reference=args.row.endswith("reference"), lean=args.row == "lean reference")
+        run_lightning(reference=args.row == "reference")
         return 0
     if "FASHION_MNIST_DIR" not in os.environ:
         raise SystemExit("set FASHION_MNIST_DIR to a folder holding FashionMNIST/raw (e.g. ../shared/data)")
@@ -330,9 +325,6 @@ def main(argv=None) -> int:
         ratio = statistics.median(times["train.py"]) / reference
         print(f"train.py / reference: {ratio:.2f} (goal <= {GOAL}); in CPU time "
               f"{statistics.median(cpu['train.py']) / reference_cpu:.2f}")
-    if "lean reference" in times and "train.py" in times:
-        lean = statistics.median(times["train.py"]) / statistics.median(times["lean reference"])
-        print(f"train.py / lean reference: {lean:.2f} (train.py's own per-step work beyond Lightning's)")
     if args.profile:
         with tempfile.TemporaryDirectory() as folder:
             profile = Path(folder) / "train.prof"

@@ -34,7 +34,7 @@ from benchmarks.tables import markdown_table, median_range
 from datamodules.fashion_mnist import PIXEL_MEAN, PIXEL_STD
 from datamodules.files import default_data_dir, torchvision_root
 from fashion_mnist_dp.cli.checks import import_class
-from fashion_mnist_dp.cli.shorthand import class_path
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules import FashionMNISTClassifier
 
 DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
@@ -42,7 +42,7 @@ DEFAULT_CONFIG = REPO / "configs" / "default.yaml"
 
 def named_class(key: str, name: str) -> type:
     """The class a short name (or class path) of ``key`` stands for: ``named_class("--model.network", "cnn")``."""
-    return import_class(class_path(key, name))
+    return import_class(CLASS_NAMES[key].get(name, name))
 
 
 # The bare loops run in the memory format train.py runs in by default, so (a) stays its bound.

@@ -1,37 +1,15 @@
-"""Large-batch tools that act on the network, listed in YAML like any callback (docs/large_batch.md):
+"""A large-batch tool that acts on the gradients, listed in YAML like any callback (docs/large_batch.md):
 
-    --trainer.callbacks+=callbacks.GhostBatchNorm --trainer.callbacks.ghost_batch_size 32
     --trainer.callbacks+=callbacks.GradientNoise --trainer.callbacks.eta 0.01
 
-The math lives in lightning_modules/ghost_batch_norm.py and lightning_modules/optim.py."""
+(ghost batch-norm is the model's ``--model.ghost_batch_size``). The math lives in lightning_modules/optim.py."""
 
-from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
-from lightning.fabric.utilities.exceptions import MisconfigurationException
+from jsonargparse.typing import NonNegativeFloat, PositiveFloat
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import ModelParallelStrategy
 
-from lightning_modules.ghost_batch_norm import is_ghost, use_ghost_batch_norm
 from datamodules.augment import run_seed
 from lightning_modules.optim import add_gradient_noise
-from fashion_mnist_dp.strategies import FullyShardedStrategy
-
-
-class GhostBatchNorm(Callback):
-    """Ghost batch-norm (Hoffer et al.): in training, every batch-norm of the model normalises consecutive sub-batches
-    of ``ghost_batch_size`` images of the per-device batch, bringing back a small batch's normalisation noise at any
-    batch. Running statistics, evaluation and checkpoint keys are plain batch-norm's."""
-
-    def __init__(self, ghost_batch_size: PositiveInt = 32) -> None:
-        self.ghost_batch_size = ghost_batch_size
-
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """At fit, before the strategy wraps the model and the optimizer takes its parameters (evaluation is plain
-        batch-norm's either way)."""
-        ghosts = [module for module in pl_module.modules() if is_ghost(module)]
-        if any(ghost.ghost_batches is not None for ghost in ghosts):
-            raise MisconfigurationException("callbacks.GhostBatchNorm and --virtual_devices both split batch-norm's "
-                                            "batches; give one of them")
-        if stage == "fit" and not ghosts:
-            use_ghost_batch_norm(pl_module, self.ghost_batch_size)
 
 
 class GradientNoise(Callback):
@@ -44,7 +22,7 @@ class GradientNoise(Callback):
         self.eta, self.gamma = eta, gamma
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer) -> None:
-        stream = trainer.global_rank if isinstance(trainer.strategy, FullyShardedStrategy) else 0
+        stream = trainer.global_rank if isinstance(trainer.strategy, ModelParallelStrategy) else 0  # fsdp
         std = add_gradient_noise(pl_module.parameters(), trainer.global_step, self.eta, self.gamma, seed=run_seed(),
                                  stream=stream)
         pl_module.log("train/grad_noise_std", std, on_step=True, on_epoch=False)  # same on every rank: no sync

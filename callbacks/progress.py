@@ -9,6 +9,8 @@ from typing import Dict, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+from callbacks.owner import each
+
 
 class ProgressBar(TQDMProgressBar):
     """``show_progress``: None shows the bar when stdout is a terminal (train.py's ``--progress`` sets it)."""
@@ -22,7 +24,7 @@ class ProgressBar(TQDMProgressBar):
         """The mean training loss of the last decision point (fashion_mnist_dp/runtime/agreement.py) and this rank's
         images/sec since the epoch began × the world size (the epoch line has the measured figure)."""
         shown = {}
-        loss = next((c.latest for c in trainer.callbacks if type(c).__name__ == "TrainingLoss"), None)
+        loss = next((c.latest for c in each(trainer.callbacks) if type(c).__name__ == "TrainingLoss"), None)
         if loss is not None:
             shown["loss"] = f"{loss:.3f}"
         if trainer.training and getattr(self, "_epoch_started", None):

@@ -15,7 +15,6 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.tensorboard.summary import custom_scalars
 
 from callbacks.step_time import parts_of
-from fashion_mnist_dp.runtime import compat
 
 Z_95 = 1.959964  # the standard normal's 97.5 % quantile
 ACCURACY_BAND = ("val/acc", "val/acc_low95", "val/acc_high95")
@@ -63,4 +62,4 @@ def write_layout(trainer: Trainer, breakdown: bool, use=None) -> None:
         summary = custom_scalars(layout(breakdown, trainer.world_size, flops, peak))
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
-                compat.write_tensorboard_summaries(logger, [summary])
+                logger.experiment.file_writer.add_summary(summary)  # add_custom_scalars would open a second run

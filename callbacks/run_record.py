@@ -9,6 +9,7 @@ test's figures are the ``test/*`` columns (:func:`read_latest`). docs/reporting.
 import csv
 import io
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,9 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 
-from fashion_mnist_dp.runtime import compat
-from fashion_mnist_dp.runtime.errors import note_failed_write
-from lightning_modules.batch_plan import describe_run
+from lightning_modules.lr_policy import describe_run
 
 FILE_NAME = "metrics.csv"
 # TensorBoard's HPARAMS tab gets these columns, tied to scalar tags every run logs anyway.
@@ -131,6 +130,18 @@ class MetricsCSV(TensorBoardLogger):
             note_failed_write(FILE_NAME, failed)
 
 
+def note_failed_write(what: str, error: OSError) -> None:
+    """A write on a failure path failed: named in the stop line, as a note on the exception being handled."""
+    handled = sys.exc_info()[1]
+    if handled is not None:
+        handled.add_note(f"{what} not written either: {error.strerror or error}")
+
+
+def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
+    """A module's hyperparameters without LightningCLI's ``_instantiator`` (how it was built, not a setting)."""
+    return {key: value for key, value in params.items() if key != "_instantiator"}
+
+
 def read_rows(path: Union[str, Path]) -> List[Dict[str, str]]:
     """The rows of a ``metrics.csv`` as written (empty cells are ""); [] when there is no file."""
     try:
@@ -228,7 +239,7 @@ class RunRecord(Callback):
         write_records(trainer)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        params = dict(compat.public_hparams(pl_module.hparams))
+        params = public_hparams(pl_module.hparams)
         plan, rates = getattr(pl_module, "batch_plan", None), getattr(pl_module, "learning_rates", None)
         params.update(plan.as_dict() if plan is not None else {})
         params.update(asdict(rates) if rates is not None else {})
@@ -240,5 +251,5 @@ class RunRecord(Callback):
             if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:
                 # Columns tied to tags the run logs anyway (log_hyperparams with metrics would write fake scalars).
                 plain = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in params.items()}
-                compat.write_tensorboard_summaries(logger, tensorboard_hparams(plain,
-                                                                               dict.fromkeys(HPARAMS_METRICS, 0.0)))
+                for summary in tensorboard_hparams(plain, dict.fromkeys(HPARAMS_METRICS, 0.0)):
+                    logger.experiment.file_writer.add_summary(summary)  # add_hparams would open a second run

@@ -8,13 +8,12 @@ import time
 from typing import Callable, List, Optional
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy
-from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from callbacks.step_time import RankEpoch, StepMarks, summarise
-from fashion_mnist_dp.runtime import compat
 
 
 class HostClock:
@@ -204,49 +203,57 @@ class StepTimer:
 
         return timed
 
-    def note_collective(self, start) -> None:
-        if self._current is not None:
-            self._current["collectives"].append((start, self.clock()))
 
-
-class TimedCollective:
-    """An FSDP2 all-gather or reduce-scatter (what ``FSDPModule.set_custom_all_gather`` takes) that runs the module's
-    own and marks its span. Host clock only: there (gloo) a collective returns when done, so the span is its comm and
-    wait together (FSDP2 offers no hook to split them)."""
-
-    def __init__(self, comm, timer: StepTimer) -> None:
-        self.comm, self.timer = comm, timer
-
-    def allocate(self, *args, **kwargs) -> torch.Tensor:
-        return self.comm.allocate(*args, **kwargs)
-
-    def __call__(self, *args, **kwargs):
-        if not self.timer.timing:
-            return self.comm(*args, **kwargs)
-        start = self.timer.clock()
-        work = self.comm(*args, **kwargs)
-        self.timer.note_collective(start)
+    def collective(self, run: Callable, *args, **kwargs):
+        """``run(*args, **kwargs)``, its span marked on timed batches."""
+        if self._current is None:
+            return run(*args, **kwargs)
+        start = self.clock()
+        work = run(*args, **kwargs)
+        self._current["collectives"].append((start, self.clock()))
         return work
 
 
-def time_before_setup(timer: StepTimer, strategy) -> None:
-    """On CUDA, Lightning registers the strategy's DDP comm hook as it wraps the model, after the callbacks' ``setup``:
-    the timed one goes in its place."""
-    if strategy.root_device.type == "cuda" and isinstance(strategy, DDPStrategy):
-        state, hook = compat.ddp_comm_hook(strategy)
-        compat.set_ddp_comm_hook(strategy, timer.wrap(hook or allreduce_hook), state)
+class TimedAllGather:
+    """FSDP2's all-gather as ``FSDPModule.set_custom_all_gather`` takes it, run by torch.distributed's public
+    collective as FSDP2's default does, its span marked. Host clock only: there (gloo) a collective returns when done,
+    so the span is its comm and wait together (FSDP2 offers no hook to split them)."""
+
+    def __init__(self, timer: StepTimer) -> None:
+        self.timer = timer
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+        return self.timer.collective(dist.all_gather_into_tensor, output_tensor, input_tensor, group=group,
+                                     async_op=async_op)
 
 
-def time_after_setup(timer: StepTimer, strategy, module) -> None:
-    """On CPU, Lightning registers no DDP comm hook (not even the user's): the timed one is registered here; and
-    fsdp's all-gathers and reduce-scatters are wrapped (on CUDA they run on streams of their own: not timed)."""
-    if strategy.root_device.type != "cpu":
-        return
+class TimedReduceScatter(TimedAllGather):
+    """FSDP2's reduce-scatter (``FSDPModule.set_custom_reduce_scatter``), the same way."""
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        return self.timer.collective(dist.reduce_scatter_tensor, output_tensor, input_tensor, op=op, group=group,
+                                     async_op=async_op)
+
+
+def time_collectives(timer: StepTimer, strategy, module) -> str:
+    """Time the gradients' collectives before the first backward: DDP's all-reduce (its hook wrapped, registered by
+    ``DistributedDataParallel.register_comm_hook``), or on CPU ranks fsdp's all-gathers and reduce-scatters (FSDP2's
+    ``set_custom_all_gather``, torch >= 2.8; on CUDA they run on streams of their own). What the start block says."""
     if isinstance(strategy.model, DistributedDataParallel):
-        state, hook = compat.ddp_comm_hook(strategy)
-        strategy.model.register_comm_hook(state, timer.wrap(hook or allreduce_hook))
-    for part in module.modules():
-        gather, scatter = compat.fsdp_collectives(part) if isinstance(part, FSDPModule) else (None, None)
-        if gather is not None:
-            part.set_custom_all_gather(TimedCollective(gather, timer))
-            part.set_custom_reduce_scatter(TimedCollective(scatter, timer))
+        try:
+            strategy.model.register_comm_hook(None, timer.wrap(default_hooks.allreduce_hook))  # read now: tests slow it
+        except RuntimeError:  # "can only be registered once"
+            return "DDP's all-reduce untimed (a comm hook of your own: DDP takes one)"
+        return "times DDP's all-reduce (its comm hook)"
+    shards = [part for part in module.modules() if isinstance(part, FSDPModule)]
+    if not shards:
+        return ""
+    if strategy.root_device.type != "cpu" or not hasattr(FSDPModule, "set_custom_all_gather"):
+        return "fsdp's collectives untimed (in forward and backward): timed on CPU ranks with torch >= 2.8"
+    for part in shards:
+        part.set_custom_all_gather(TimedAllGather(timer))
+        part.set_custom_reduce_scatter(TimedReduceScatter(timer))
+    return "times fsdp's all-gathers and reduce-scatters"

@@ -13,6 +13,7 @@ from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from callbacks import review_page, step_marks, step_time
+from callbacks.owner import each
 from callbacks.epoch_clock import EpochClock, EpochTiming, combine_ranks
 from callbacks.flops import DeviceUse, format_mfu, peak_refusal
 from callbacks.step_marks import CudaEvents, HostClock, StepTimer
@@ -63,6 +64,7 @@ class ThroughputReport(Callback):
         self.peak_flops, self.device_use = peak_flops, DeviceUse()  # counted at setup, on rank 0
         self.breakdown, self.gpu_sample_every, self.every = breakdown, gpu_sample_every, check_every_n_steps
         self.timer: Optional[StepTimer] = None  # set at setup when the breakdown runs
+        self.comm_timed = ""  # which collectives the breakdown times (registered at train start)
         self.clock = EpochClock()
         self.cumulative_s = 0.0
         self.first_step_s: Optional[float] = None
@@ -88,15 +90,19 @@ class ThroughputReport(Callback):
         if stage == "fit" and isinstance(net, torch.nn.Module) and trainer.is_global_zero:  # before the start block
             self.device_use = DeviceUse.measure(net, getattr(pl_module, "batch_size", 2) * getattr(
                 pl_module, "virtual_devices", 1), trainer.strategy.root_device, trainer.precision, self.peak_flops)
-            notes = getattr(pl_module, "start_notes", [])  # a second fit of the module: its lines replaced
-            notes[:] = [note for note in notes if not note.startswith(DeviceUse.LABELS)] + list(self.device_use.lines)
         if stage == "fit" and self.breakdown_on(device):
             self.timer = StepTimer(HostClock()) if device == "cpu" else StepTimer(CudaEvents(), self.gpu_sample_every)
-            step_marks.time_before_setup(self.timer, trainer.strategy)
+
+    def start_lines(self, trainer: Trainer) -> List[str]:
+        """The start block's lines: the breakdown's, and the training FLOPs and the peak."""
+        device = trainer.strategy.root_device.type
+        timed = f"; {self.comm_timed}" if self.timer and self.comm_timed else ""
+        return [f"  breakdown       : {'on' if self.breakdown_on(device) else 'off'} on {device} ranks{timed}",
+                *self.device_use.lines]
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.timer is not None:
-            step_marks.time_after_setup(self.timer, trainer.strategy, pl_module)
+            self.comm_timed = step_marks.time_collectives(self.timer, trainer.strategy, pl_module)
         review_page.write_layout(trainer, self.timer is not None, self.device_use)
         every = trainer.log_every_n_steps if trainer.is_global_zero and trainer.loggers else 0
         self._steps, self._window_every, self._before = 0, every, (0.0, 0)
@@ -221,13 +227,13 @@ class ThroughputReport(Callback):
     def of(trainer: Trainer, user: Callback) -> "ThroughputReport":
         """The run's ThroughputReport, for a callback (``user``) that reads ``cumulative_s`` at ``on_train_epoch_end``:
         listed first, so that it includes the epoch that just ended, the number its epoch line prints."""
-        callbacks = list(trainer.callbacks)
+        callbacks = list(each(trainer.callbacks))
         reports, name = [c for c in callbacks if isinstance(c, ThroughputReport)], type(user).__name__
         if not reports:
-            raise MisconfigurationException(f"{name} needs callbacks.ThroughputReport in trainer.callbacks "
-                                            "(its training time)")
+            raise MisconfigurationException(f"{name} needs callbacks.Report (its ThroughputReport) in "
+                                            "trainer.callbacks (its training time)")
         if callbacks.index(reports[0]) > callbacks.index(user):
-            raise MisconfigurationException(f"put callbacks.ThroughputReport before {name} in trainer.callbacks")
+            raise MisconfigurationException(f"put callbacks.Report before {name} in trainer.callbacks")
         return reports[0]
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -1,4 +1,4 @@
-"""The LightningModule, the plain networks it wraps, the learning-rate policy and the batch plan."""
+"""The LightningModule, the plain networks it wraps, and the learning-rate policy with the batch plan it scales by."""
 
 from lightning_modules.classifier import FashionMNISTClassifier
 from lightning_modules.lr_policy import LRPolicy

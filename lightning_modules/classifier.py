@@ -1,6 +1,6 @@
 """FashionMNISTClassifier: any network, its loss and metrics, and any optimizer at the learning rate of the effective
 batch. The network and the optimizer are objects a config names by class path (docs/cli.md, "Your own network or
-optimizer"); the learning-rate policy is lr_policy.py; the batch numbers are batch_plan.py."""
+optimizer"); the learning-rate policy and the batch numbers it scales by are lr_policy.py."""
 
 import warnings
 from typing import Dict, List, Literal, Optional, Union
@@ -11,13 +11,12 @@ from jsonargparse.typing import NonNegativeFloat, PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from lightning_modules.batch_plan import BatchPlan, describe_run
+from lightning_modules.lr_policy import BatchPlan, describe_run
 from lightning_modules.ghost_batch_norm import use_ghost_batch_norm
 from lightning_modules.lr_policy import LearningRates, LRPolicy, continue_schedule
 from lightning_modules.optim import check_optimizer, param_groups
@@ -80,6 +79,10 @@ class FashionMNISTClassifier(LightningModule):
         batch_size: Images per device per step: linked from ``data.batch_size`` by the CLI (one value).
         virtual_devices: Devices this process stands for: linked from ``data.virtual_devices``. Every batch-norm
             then normalises each device's shard on its own, and the LR rule counts them (docs/large_batch.md).
+        ghost_batch_size: Ghost batch-norm (Hoffer et al.): in training every batch-norm normalises consecutive
+            sub-batches of this many images of the per-device batch, a small batch's normalisation noise at any
+            batch; running statistics, evaluation and checkpoint keys are plain batch-norm's. Not with virtual
+            devices, whose shards are their ghost batches already.
         label_smoothing: Cross-entropy label smoothing, 0 to 1.
         flip_test_time: Validation, test and predict average the logits of each image and its mirror image
             (a second forward pass in evaluation only).
@@ -91,6 +94,7 @@ class FashionMNISTClassifier(LightningModule):
 
     def __init__(self, network: nn.Module, optimizer: OptimizerCallable, lr_policy: LRPolicy = LRPolicy(),
                  batch_size: PositiveInt = 128, virtual_devices: PositiveInt = 1,
+                 ghost_batch_size: Optional[PositiveInt] = None,
                  label_smoothing: NonNegativeFloat = 0.0, flip_test_time: bool = False, channels_last: bool = True,
                  compile: Union[bool, Literal["default", "reduce-overhead", "max-autotune"]] = False) -> None:
         super().__init__()
@@ -113,8 +117,11 @@ class FashionMNISTClassifier(LightningModule):
             self.save_hyperparameters(dict(self.hparams))  # again, so the loggers' initial copy is plain too
         check_network(network)
         self.net = network
-        if virtual_devices > 1:
-            use_ghost_batch_norm(self.net, ghost_batches=virtual_devices)
+        if virtual_devices > 1 and ghost_batch_size is not None:
+            raise MisconfigurationException("model.ghost_batch_size and --virtual_devices both split batch-norm's "
+                                            "batches; give one of them")
+        if virtual_devices > 1 or ghost_batch_size is not None:
+            use_ghost_batch_norm(self.net, ghost_batch_size, virtual_devices if virtual_devices > 1 else None)
         self.optimizer_factory, self.lr_policy = optimizer, lr_policy
         self.batch_size, self.virtual_devices, self.label_smoothing = batch_size, virtual_devices, label_smoothing
         self.flip_test_time, self.compile_network = flip_test_time, compile
@@ -130,7 +137,6 @@ class FashionMNISTClassifier(LightningModule):
         self.test_loss = MeanMetric(nan_strategy="disable")
         self.batch_plan: Optional[BatchPlan] = None  # set when fit configures the optimizer
         self.learning_rates: Optional[LearningRates] = None
-        self.start_notes: List[str] = []  # extra lines for the start block (the CLI's checkpoint overrides)
         self._loss_window = LossWindow()  # train/loss since it was last logged
         self._loss_logged_at: Optional[int] = None  # the step it was logged at
 
@@ -213,13 +219,13 @@ class FashionMNISTClassifier(LightningModule):
         return self.evaluation_logits(batch[0]).argmax(dim=1)
 
     def configure_optimizers(self):
-        """The optimizer over the weight-decay groups, at the scaled lr, with the policy's per-step schedule; rank 0
-        prints the start block."""
+        """The optimizer over the weight-decay groups, at the scaled lr, with the policy's per-step schedule."""
         self.batch_plan = BatchPlan.of(self.trainer, self.batch_size, self.virtual_devices)
         optimizer = self.optimizer_factory(param_groups(self))
         self.learning_rates, scheduler = self.lr_policy.apply(optimizer, self.batch_plan)
         self._configured = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
-        rank_zero_info(self.start_block(optimizer))
+        self._optimizer_line = (f"  optimizer       : {type(optimizer).__name__}, weight decay "
+                                f"{optimizer.defaults.get('weight_decay', 0):g} (not on biases and norm weights)")
         interval = "step" if self.learning_rates.per_step else "epoch"
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": interval}}
 
@@ -232,16 +238,11 @@ class FashionMNISTClassifier(LightningModule):
             group.update({k: v for k, v in configured.items() if k != "lr"})
         continue_schedule(scheduler, self.trainer.global_step)
 
-    def start_block(self, optimizer: torch.optim.Optimizer) -> str:
-        """The block rank 0 prints before training: the numbers users otherwise derive by hand."""
+    def describe(self) -> List[str]:
+        """The start block's lines of the model (once fit has configured its optimizer): the numbers users otherwise
+        derive by hand."""
         plan, where = self.batch_plan, describe_run(self.trainer)
-        decay = optimizer.defaults.get("weight_decay", 0)
-        return "\n".join([
-            "Run configuration",
-            f"  world size      : {plan.world_size} ({plan.devices} device(s) x {plan.num_nodes} node(s), "
-            f"{where['accelerator']}, strategy {where['strategy']}, backend {where['backend']})",
-            f"  batch           : {plan.describe()}",
-            self.learning_rates.describe(plan),
-            f"  optimizer       : {type(optimizer).__name__}, weight decay {decay:g} (not on biases and norm weights)",
-            f"  network         : {type(self.net).__name__}",
-            *self.start_notes])
+        return [f"  world size      : {plan.world_size} ({plan.devices} device(s) x {plan.num_nodes} node(s), "
+                f"{where['accelerator']}, strategy {where['strategy']}, backend {where['backend']})",
+                f"  batch           : {plan.describe()}", self.learning_rates.describe(plan), self._optimizer_line,
+                f"  network         : {type(self.net).__name__}"]

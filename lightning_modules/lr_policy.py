@@ -1,18 +1,119 @@
-"""The learning-rate policy: how the optimizer's own lr (the base lr, known good at ``base_batch_size``) follows a run,
-scaled to the effective batch, warmed up, then scheduled. One object over optim.py's pure math, fed by the batch plan
-(README, "Batch size and learning rate")."""
+"""The batch and the learning rate (README, "Batch size and learning rate"): the batch plan (every batch number of a
+run: per device, per process, effective), and the policy by which the optimizer's own lr (the base lr, known good at
+``base_batch_size``) follows it: scaled to the effective batch, warmed up, then scheduled, over pure functions tests
+can pin down. Computed once when fit configures its optimizer; read by the start block, the hyperparameters and the
+throughput report."""
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Optional, Tuple
+from typing import Any, Dict, Literal, Optional, Tuple
 
 from jsonargparse.typing import NonNegativeFloat, PositiveFloat, PositiveInt
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from lightning_modules.batch_plan import BatchPlan
-from lightning_modules.optim import ScalingRule, ScheduleName, lr_factor, scale_lr
+ScalingRule = Literal["none", "linear", "sqrt"]
+ScheduleName = Literal["constant", "cosine", "step"]
+
+
+def strategy_label(strategy) -> str:
+    """The registry name users type (``fsdp``, ``dp``), else ``DDPStrategy`` -> ``ddp``."""
+    registered = getattr(type(strategy), "strategy_name", None)
+    if registered:
+        return registered
+    name = type(strategy).__name__.removesuffix("Strategy")
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name).lower()
+
+
+def describe_run(trainer) -> Dict[str, str]:
+    """Where and how ``trainer`` trains: accelerator, strategy and process-group backend, as the start block says."""
+    strategy = trainer.strategy
+    return {"accelerator": type(trainer.accelerator).__name__.replace("Accelerator", "").lower(),
+            "strategy": strategy_label(strategy),
+            "backend": getattr(strategy, "process_group_backend", None) or "none"}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batch_size_per_device: int
+    devices_per_process: int  # devices one process drives: the GPUs of dp, else 1
+    devices: int  # per node
+    virtual_devices: int  # devices one process stands for (--virtual_devices: ghost batch-norm of their shards)
+    num_nodes: int
+    world_size: int  # processes
+    accumulate_grad_batches: int
+    steps_per_epoch: int = 0  # optimizer steps; 0 outside fit
+    total_steps: int = 0  # 0: no end (no epoch or step limit)
+
+    @property
+    def batch_size_per_process(self) -> int:
+        """Images per training-loader batch in one process (dp splits it over its GPUs)."""
+        return self.batch_size_per_device * self.devices_per_process * self.virtual_devices
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Images in one optimizer step, summed over every device and accumulation step."""
+        return (self.batch_size_per_device * self.devices * self.virtual_devices * self.num_nodes
+                * self.accumulate_grad_batches)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {**asdict(self), "batch_size_per_process": self.batch_size_per_process,
+                "effective_batch_size": self.effective_batch_size}
+
+    @classmethod
+    def of(cls, trainer, batch_size: int, virtual_devices: int = 1) -> "BatchPlan":
+        """The plan of ``trainer``'s fit: the steps are Lightning's own count (``estimated_stepping_batches``, which
+        loads the training data if it is not loaded yet)."""
+        if trainer.train_dataloader is None:
+            trainer.fit_loop.setup_data()  # also for max_epochs -1, where Lightning's estimate skips it
+        batches, accumulate = trainer.num_training_batches, trainer.accumulate_grad_batches
+        total = trainer.estimated_stepping_batches
+        # plain ints: PositiveInt would reach hparams.yaml as an object
+        return cls(batch_size_per_device=int(batch_size),
+                   devices_per_process=int(getattr(trainer.strategy, "devices_per_process", 1)),
+                   devices=int(trainer.num_devices), virtual_devices=int(virtual_devices),
+                   num_nodes=int(trainer.num_nodes), world_size=int(trainer.world_size),
+                   accumulate_grad_batches=int(accumulate),
+                   steps_per_epoch=math.ceil(batches / accumulate) if math.isfinite(batches) else 0,
+                   total_steps=int(total) if math.isfinite(total) and total > 0 else 0)
+
+    def describe(self) -> str:
+        """The batch line of the start block."""
+        virtual = f"{self.virtual_devices} virtual x " if self.virtual_devices > 1 else ""
+        return (f"{self.batch_size_per_device} per device x {self.devices} x {virtual}{self.num_nodes} x accumulate "
+                f"{self.accumulate_grad_batches} = effective {self.effective_batch_size}")
+
+
+def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: ScalingRule) -> float:
+    """Learning rate for ``effective_batch`` from one known at ``base_batch_size``: ``linear`` (Goyal et al.: the update
+    per image stays constant for SGD), ``sqrt`` (its variance stays constant), ``none``."""
+    ratio = effective_batch / base_batch_size
+    if rule == "none":
+        return base_lr
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * math.sqrt(ratio)
+    raise ValueError(f"unknown lr_policy.scaling {rule!r}; choose one of: none, linear, sqrt")
+
+
+def lr_factor(step: int, *, warmup_steps: int, warmup_start_factor: float, total_steps: int,
+              schedule: ScheduleName = "constant", step_size: int = 1, gamma: float = 0.1) -> float:
+    """Multiplier of the scaled learning rate at optimizer step ``step`` (0-based): a linear warm-up from
+    ``warmup_start_factor`` to 1 over ``warmup_steps``, then the schedule counted from its end."""
+    if step < warmup_steps:
+        return warmup_start_factor + (1.0 - warmup_start_factor) * step / warmup_steps
+    after = step - warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(after, span) / span))
+    if schedule == "step":
+        return gamma ** (after // max(1, step_size))
+    raise ValueError(f"unknown lr_policy.schedule {schedule!r}; choose one of: constant, cosine, step")
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,11 @@
-"""The numbers users fight with, as pure functions tests can pin down (README, "Batch size and learning rate"): the
-learning-rate scaling rule, warm-up and schedules, the weight-decay groups, gradient noise, and the check that an
-optimizer given by class path can run."""
+"""The optimizer's side, as pure functions tests can pin down: the weight-decay groups, gradient noise, and the check
+that an optimizer given by class path can run (the learning rate's rule, warm-up and schedule: lr_policy.py)."""
 
 import hashlib
 import inspect
 import math
 import sys
-from typing import Callable, Dict, Iterable, List, Literal, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 from torch import nn
@@ -14,43 +13,9 @@ from torch.distributed.tensor import DTensor
 
 from lightning_modules.networks import NORM_LAYERS
 
-ScalingRule = Literal["none", "linear", "sqrt"]
-ScheduleName = Literal["constant", "cosine", "step"]
-
-
 def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """The part of ``tensor`` this rank holds: its shard of a DTensor (FSDP2), else the tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-def scale_lr(base_lr: float, base_batch_size: int, effective_batch: int, rule: ScalingRule) -> float:
-    """Learning rate for ``effective_batch`` from one known at ``base_batch_size``: ``linear`` (Goyal et al.: the update
-    per image stays constant for SGD), ``sqrt`` (its variance stays constant), ``none``."""
-    ratio = effective_batch / base_batch_size
-    if rule == "none":
-        return base_lr
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * math.sqrt(ratio)
-    raise ValueError(f"unknown lr_policy.scaling {rule!r}; choose one of: none, linear, sqrt")
-
-
-def lr_factor(step: int, *, warmup_steps: int, warmup_start_factor: float, total_steps: int,
-              schedule: ScheduleName = "constant", step_size: int = 1, gamma: float = 0.1) -> float:
-    """Multiplier of the scaled learning rate at optimizer step ``step`` (0-based): a linear warm-up from
-    ``warmup_start_factor`` to 1 over ``warmup_steps``, then the schedule counted from its end."""
-    if step < warmup_steps:
-        return warmup_start_factor + (1.0 - warmup_start_factor) * step / warmup_steps
-    after = step - warmup_steps
-    if schedule == "constant":
-        return 1.0
-    if schedule == "cosine":
-        span = max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(after, span) / span))
-    if schedule == "step":
-        return gamma ** (after // max(1, step_size))
-    raise ValueError(f"unknown lr_policy.schedule {schedule!r}; choose one of: constant, cosine, step")
 
 
 def param_groups(model: nn.Module) -> List[Dict]:

@@ -487,8 +487,8 @@ class SlowData(Callback):
 
 
 class SlowAllReduce(Callback):
-    """Every gradient all-reduce takes ``seconds`` more: the strategy's DDP communication hook is DDP's allreduce
-    whose future's callback sleeps on the first bucket, as a slow link would (callbacks/throughput.py wraps it)."""
+    """Every gradient all-reduce takes ``seconds`` more: DDP's allreduce hook, which callbacks/throughput.py times,
+    replaced in this process by one whose future's callback sleeps on the first bucket, as a slow link would."""
 
     def __init__(self, seconds: float = 0.1) -> None:
         self.seconds = seconds
@@ -496,12 +496,10 @@ class SlowAllReduce(Callback):
     def setup(self, trainer, pl_module, stage):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        from fashion_mnist_dp.runtime import compat
-
-        seconds = self.seconds
+        seconds, allreduce_hook = self.seconds, default_hooks.allreduce_hook
 
         def slow_allreduce(state, bucket):
-            future = default_hooks.allreduce_hook(state, bucket)
+            future = allreduce_hook(state, bucket)
             if bucket.index() != 0:
                 return future
 
@@ -511,7 +509,7 @@ class SlowAllReduce(Callback):
 
             return future.then(sleep_then)
 
-        compat.set_ddp_comm_hook(trainer.strategy, slow_allreduce)
+        default_hooks.allreduce_hook = slow_allreduce
 
 
 class WhereRanksRun(Callback):

@@ -14,8 +14,8 @@ def test_bad_value_through_the_real_process_exits_2_without_traceback(workdir, f
     result = run_train(["--data_dir", str(fashion_root), "--optimizer", "adam"], cwd=workdir)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "train.py: error: unknown optimizer 'adam': choose one of sgd, adamw, novograd, lamb, lars, or give a class " \
-        "path (e.g. --optimizer torch.optim.SGD)" in result.stderr
+    assert "train.py: error: unknown optimizer 'adam': choose one of adamw, lamb, lars, novograd, sgd, or give a class " \
+        "path (e.g. --optimizer torch.optim.AdamW)" in result.stderr
 
 
 @pytest.mark.multiprocess

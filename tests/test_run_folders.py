@@ -5,7 +5,6 @@ folder's own parts: made atomically by processes that start at once, held while 
 
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import time

@@ -202,7 +202,7 @@ def test_a_stop_mid_epoch_prints_n_a_for_the_validation_it_did_not_run(workdir, 
 
 @pytest.mark.parametrize("devices", [[], ["--data.virtual_devices", "4"]], ids=["one device", "4 devices' lr"])
 def test_the_workshops_network_trains_as_typed(fashion_root, tmp_path, devices):
-    """``--network wrn`` and nothing else brings its own known-good lr (shorthand.NETWORK_LR): 30 optimizer steps
+    """``--network wrn`` and nothing else brings its own known-good lr (configs/networks/wrn.yaml): 30 optimizer steps
     with a finite, falling loss, on one device and at the lr scaled for 4 (virtual devices: the effective batch and the
     LR rule of ``--strategy ddp --devices 4``). At SGD's 0.05 it diverged (exit 70) at step 18, and at step 6 for 4.
     The batch is 4 per device, so that 30 steps of the 17 M-parameter network fit a 2-core CPU."""
@@ -211,7 +211,7 @@ def test_the_workshops_network_trains_as_typed(fashion_root, tmp_path, devices):
             "--trainer.limit_val_batches", "0", "--test_after_fit", "false"]
     result = run_train(args, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "lr from         : wrn's known-good lr with sgd (--lr sets another)" in result.stderr
+    assert "lr from         : --network wrn (configs/networks/wrn.yaml) (--lr sets another)" in result.stderr
     rows = read_rows(run_dir(tmp_path) / "metrics.csv")
     losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
     assert len(losses) == 6 and all(math.isfinite(loss) for loss in losses), losses  # steps 5, 10, ..., 30

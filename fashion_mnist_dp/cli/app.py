@@ -13,7 +13,8 @@ from lightning.pytorch.cli import LightningArgumentParser, SaveConfigCallback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from fashion_mnist_dp import runtime
-from callbacks import StopAtTarget
+from callbacks import Report, StopAtTarget
+from callbacks.owner import find
 from fashion_mnist_dp.cli import checkpoint_hparams, failures, outputs, run_folders, slurm, start_block
 from fashion_mnist_dp.cli.checks import check_config, check_outputs, check_run_values
 from fashion_mnist_dp.cli.shorthand import SUBCOMMANDS, expand_args, shorthand_help
@@ -121,8 +122,7 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             key, path, raised = built or ("", "", error)
             line = f"{key} {path} cannot be built: {type(raised).__name__}: " if built else ""
             raise errors.ConfigError(line + errors.one_line(raised)) from error
-        self.model.start_notes = [*self.start_lines, *start_block.unseen_settings(self.trainer),
-                                  *start_block.safety_off(self.trainer)]
+        self.start_lines += [*start_block.unseen_settings(self.trainer), *start_block.safety_off(self.trainer)]
 
     def _before_launch(self) -> None:
         """In the launching process, before any rank exists: folders, rendezvous, checkpoint and data checked."""
@@ -134,20 +134,23 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             except LookupError as error:
                 raise errors.JobFault(str(error)) from error
             # gloo's interface before the process group, in every rank
-            self.model.start_notes += [line for line in (note, slurm.gloo_interface(address)) if line]
+            self.start_lines += [line for line in (note, slurm.gloo_interface(address)) if line]
         if self.subcommand == "fit":
             if self.trainer.is_global_zero and (warning := lifetime.shared_store_warning()):
                 print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
-            compat.validate_after_every_epochs_last_batch(self.trainer)
         resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
         checkpoint, self.resumed = self.resumed.checkpoint, dataclasses.replace(self.resumed, checkpoint=None)
         self.datamodule.check_workers()  # every process, before any rendezvous
         if self.trainer.local_rank == 0:
             self.datamodule.prepare_data()
         if lifetime.probably_global_rank_zero():  # the others learn the folder from it (Lightning's log_dir)
-            self.model.start_notes += run_folders.open_run(self.trainer, self.datamodule,
-                                                           self.config[self.subcommand], self.subcommand,
-                                                           self.resumed, checkpoint)
+            self.start_lines += run_folders.open_run(self.trainer, self.datamodule, self.config[self.subcommand],
+                                                     self.subcommand, self.resumed, checkpoint)
+            report = find(self.trainer.callbacks, Report)
+            if report is not None:  # the Report prints the start block once training starts
+                report.notes = self.start_lines
+            elif self.subcommand == "fit":
+                print("\n".join(["Run configuration", *self.start_lines]), file=sys.stderr, flush=True)
         elif self.trainer.strategy.root_device.type == "cuda":  # a rank a launcher started: its run's folder if known
             run_folders.flight_recorder_of_rank(self.config[self.subcommand], self.resumed)
 

@@ -5,8 +5,8 @@ import sys
 from pathlib import Path
 from typing import Any, Collection, Dict, List
 
+from callbacks.run_record import public_hparams
 from fashion_mnist_dp.cli.shorthand import SHORT_NAME, SHORTHAND, flat
-from fashion_mnist_dp.runtime import compat
 from fashion_mnist_dp.runtime.errors import CheckpointError
 
 MODEL = "model"
@@ -15,7 +15,7 @@ SHORT_FLAG = {full[2:]: flag for flag, full in SHORTHAND.items()}  # model.optim
 
 def stored_model(checkpoint: dict, path: str) -> Dict[str, Any]:
     """The model's stored hyperparameters; a class path from a module not imported yet is refused."""
-    stored = compat.public_hparams(checkpoint.get("hyper_parameters") or {})
+    stored = public_hparams(checkpoint.get("hyper_parameters") or {})
     for key, value in flat(stored, MODEL).items():
         if key.rsplit(".", 1)[-1] in ("class_path", "_class_path") and value not in SHORT_NAME:
             module = str(value).rpartition(".")[0]

@@ -4,7 +4,6 @@ and what changed since the checkpoint when the world size did (docs/cli.md, "Whe
 
 import os
 import warnings
-from pathlib import Path
 from typing import List, Optional
 
 from lightning.pytorch import Trainer

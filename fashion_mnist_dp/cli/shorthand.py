@@ -2,7 +2,7 @@
 rewritten to LightningCLI's (``fit --trainer.strategy ddp --trainer.devices 4``), and the keys the user gave."""
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -33,46 +33,34 @@ SHORTHAND_TABLE = {
 }
 SHORTHAND: Dict[str, str] = {short: full for short, (full, _) in SHORTHAND_TABLE.items()}
 EXAMPLE = {flag: example for short, (full, example) in SHORTHAND_TABLE.items() for flag in (short, full)}
-# The short names of the shipped networks and optimizers, on the command line (--network fast_cnn, or
-# --model.network fast_cnn): each stands for its class path. A config file names the class path itself.
-CLASS_NAMES: Dict[str, Dict[str, str]] = {
-    "--model.network": {
-        "cnn": "lightning_modules.networks.SmallCNN",
-        "fast_cnn": "lightning_modules.networks.FastCNN",
-        "staged_cnn": "lightning_modules.networks.StagedCNN",
-        "gpu_cnn": "lightning_modules.networks.GpuCNN",
-        "mlp": "lightning_modules.networks.MLP",
-        "wrn": "lightning_modules.networks.WideResNet",
-        "resnet18": "lightning_modules.networks.ResNet18",
-    },
-    "--model.optimizer": {
-        "sgd": "torch.optim.SGD",
-        "adamw": "torch.optim.AdamW",
-        "novograd": "torch_optimizer.NovoGrad",
-        "lamb": "torch_optimizer.Lamb",
-        "lars": "torch_optimizer.LARS",
-    },
-}
-# The base lr each shipped optimizer trains the default recipe with (cnn, batch 128): ``--optimizer NAME`` without
-# ``--lr`` sets it, since a new class keeps the old one's lr (SGD's 0.05 leaves AdamW at 45.5 % after 40 steps).
-# Measured in docs/cli.md, "Your own network or optimizer".
-KNOWN_GOOD_LR: Dict[str, str] = {"sgd": "0.05", "adamw": "0.001", "novograd": "0.01", "lamb": "0.005", "lars": "0.5"}
-# A shipped network whose recipe needs another lr brings it, per optimizer (the default config's is sgd): it wins over
-# the optimizer's own. wrn diverges at SGD's 0.05 (docs/cli.md, "Your own network or optimizer").
-NETWORK_LR: Dict[Tuple[str, str], str] = {("wrn", "sgd"): "0.005"}
+# The short names of the shipped networks and optimizers (--network fast_cnn, --optimizer adamw, or the full keys):
+# each is a config file of its own, which the name loads where it stands: the class path and, where it brings one,
+# its known-good base lr (configs/networks/, configs/optimizers/: docs/cli.md).
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+NAMED_FILES = {"--model.network": CONFIGS / "networks", "--model.optimizer": CONFIGS / "optimizers"}
+
+
+def _class_in(path: Path, key: str) -> str:
+    return yaml.safe_load(path.read_text())["model"][key.rsplit(".", 1)[-1]]["class_path"]
+
+
+SHORT_FILES: Dict[str, Dict[str, Path]] = {key: {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+                                           for key, folder in NAMED_FILES.items()}
+CLASS_NAMES: Dict[str, Dict[str, str]] = {key: {name: _class_in(path, key) for name, path in files.items()}
+                                          for key, files in SHORT_FILES.items()}
 SHORT_NAME: Dict[str, str] = {path: name for names in CLASS_NAMES.values() for name, path in names.items()}
 
 
-def class_path(key: str, value: str) -> str:
-    """``value`` of ``key`` (a full key) as a class path: a short name's, or ``value`` itself when it is one."""
-    names = CLASS_NAMES.get(key)
-    if names is None or value in names.values() or "." in value or value.lstrip().startswith("{"):
-        return value
-    if value not in names:
+def named_file(key: str, value: str) -> Optional[Path]:
+    """The config file a short name of ``key`` (a full key) stands for; None for a class path (or inline YAML)."""
+    files = SHORT_FILES.get(key)
+    if files is None or "." in value or value.lstrip().startswith("{"):
+        return None
+    if value not in files:
         what = key.rsplit(".", 1)[-1]
-        raise ConfigError(f"unknown {what} {value!r}: choose one of {', '.join(names)}, or give a class path "
-                          f"(e.g. --{what} {next(iter(names.values()))})")
-    return names[value]
+        raise ConfigError(f"unknown {what} {value!r}: choose one of {', '.join(files)}, or give a class path "
+                          f"(e.g. --{what} {CLASS_NAMES[key][next(iter(files))]})")
+    return files[value]
 
 
 def _check_lr(flag: str, value: str) -> None:
@@ -88,9 +76,10 @@ def _check_lr(flag: str, value: str) -> None:
 def shorthand_help() -> str:
     """The table printed under ``--help``."""
     rows = [f"  {short:<16} = {full}" for short, full in SHORTHAND.items()]
-    names = [f"  {key[2:]:<16}: {', '.join(table)}" for key, table in CLASS_NAMES.items()]
+    names = [f"  {key[2:]:<16}: {', '.join(table)} ({NAMED_FILES[key].relative_to(CONFIGS.parent)}/)"
+             for key, table in CLASS_NAMES.items()]
     return ("shorthand flags (no subcommand means fit):\n" + "\n".join(rows)
-            + "\nshort names (or any class path):\n" + "\n".join(names))
+            + "\nshort names (or any class path), each a config file:\n" + "\n".join(names))
 
 
 def find_subcommand(args: Sequence[str]) -> Optional[str]:
@@ -109,6 +98,7 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
 
     expanded: List[str] = []
     given: Dict[str, List[tuple]] = {}  # full key -> [(flag as typed, value)]
+    loaded_at: List[tuple] = []  # (position after it, flag as typed, file) of each short name's file
     tokens = iter(args)
     for token in tokens:
         key, equals, value = token.partition("=")
@@ -120,19 +110,30 @@ def expand_args(argv: Sequence[str]) -> "ExpandedArgs":
             value = next(tokens, None)
             if value is None or value.startswith("--"):
                 raise ConfigError(f"{key} needs a value, e.g. {key} {EXAMPLE[key]}")
-        value = class_path(target, value)
         if target == SHORTHAND["--lr"]:
             _check_lr(key, value)
         given.setdefault(target, []).append((key, value))
-        expanded.extend([target, value])
+        named = named_file(target, value)
+        expanded.extend(["--config", str(named)] if named else [target, value])
+        if named is not None:
+            loaded_at.append((len(expanded), f"{key} {value}", named))
 
     for target, uses in given.items():
         if len({value for _, value in uses}) > 1 and len({flag for flag, _ in uses}) > 1:
             shown = " and ".join(f"{flag} {value}" for flag, value in uses)
             raise ConfigError(f"conflicting values for {target[2:]}: {shown}; give it once")
-    result = with_known_good_lr(expanded, given)
+    result = ExpandedArgs(expanded)
+    lr = SHORTHAND["--lr"]
+    if lr in given:  # the lr you give wins over a short name's file after it (a file of yours after both wins)
+        flag, value = given[lr][-1]
+        if loaded_at and loaded_at[-1][0] > max(i for i, token in enumerate(expanded) if token == lr):
+            result[loaded_at[-1][0]:loaded_at[-1][0]] = [lr, value]
+        result.lr_origin = f"{flag} {value}"
     lr_file = checked_config_files(result)
-    result.lr_origin = result.lr_origin or (f"--config {lr_file}" if lr_file else None)
+    if result.lr_origin is None and lr_file:
+        named = next((f"{flag} ({path.relative_to(CONFIGS.parent)})" for _, flag, path in loaded_at
+                      if str(path) == lr_file), None)
+        result.lr_origin = f"{named} (--lr sets another)" if named else f"--config {lr_file}"
     return result
 
 
@@ -141,29 +142,6 @@ class ExpandedArgs(list):
     default config, or a checkpoint's)."""
 
     lr_origin: Optional[str] = None
-
-
-def with_known_good_lr(expanded: List[str], given: Dict[str, List[tuple]]) -> ExpandedArgs:
-    """Unless an lr is given: after a shipped network's or optimizer's class path, the known-good base lr of that
-    network with that optimizer (``NETWORK_LR``), else of the optimizer (``KNOWN_GOOD_LR``). A later flag or
-    ``--config`` still wins: it comes after. Precedence: the user's lr, the network's, the optimizer's."""
-    network, optimizer, lr = SHORTHAND["--network"], SHORTHAND["--optimizer"], SHORTHAND["--lr"]
-    result = ExpandedArgs(expanded)
-    if lr in given:
-        result.lr_origin = f"{given[lr][-1][0]} {given[lr][-1][1]}"
-        return result
-    chosen = {key: SHORT_NAME.get(given[key][-1][1]) for key in (network, optimizer) if key in given}
-    pair = (chosen.get(network), chosen.get(optimizer, "sgd"))  # no --optimizer: the default config's sgd
-    if pair in NETWORK_LR:
-        value, origin, after = NETWORK_LR[pair], f"{pair[0]}'s known-good lr with {pair[1]}", (network, optimizer)
-    elif chosen.get(optimizer) is not None:
-        value, origin, after = KNOWN_GOOD_LR[chosen[optimizer]], f"{chosen[optimizer]}'s known-good lr", (optimizer,)
-    else:
-        return result
-    at = max(i for i, token in enumerate(expanded) if token in after) + 2
-    result[:] = [*expanded[:at], lr, value, *expanded[at:]]
-    result.lr_origin = f"{origin} (--lr sets another)"
-    return result
 
 
 def config_file(name: str) -> Dict[str, Any]:

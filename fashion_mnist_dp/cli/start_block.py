@@ -9,11 +9,10 @@ from typing import Dict, List
 
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies import DDPStrategy
 
-from callbacks.lean_dispatch import LeanDispatch
+from callbacks.owner import each, find
 from fashion_mnist_dp import runtime
-from fashion_mnist_dp.runtime import compat
+from fashion_mnist_dp.runtime import compat, lifetime
 
 # Deprecations inside Lightning 2.6 itself (its calls into torch 2.14), not actionable by our users; and its
 # multi-line hint on every run outside srun where srun is installed (train.py's own checks cover SLURM launches).
@@ -27,7 +26,7 @@ for _pattern in HIDDEN_WARNINGS:
 NOT_OURS = ("[litlogger](https://pypi.org/project/litlogger/)", "to estimate number of stepping batches")
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(
     lambda record: not any(text in str(record.msg) for text in NOT_OURS))
-# The run-safety callbacks and plugin configs/default.yaml lists, with the guarantee each carries (docs/reliability.md).
+# The run-safety parts and plugin configs/default.yaml holds, with the guarantee each carries (docs/reliability.md).
 SAFETY = {
     runtime.JobFaults: "on a lost rank or a stalled data worker: no collective save, the job ends with one line",
     runtime.DivergenceGuard: "a diverged run stops with advice (exit 70) and saves no diverged checkpoint",
@@ -39,14 +38,11 @@ SAFETY = {
 
 
 def safety_off(trainer: Trainer) -> List[str]:
-    """The start block's line for each run-safety callback or plugin ``trainer`` runs without."""
-    present = {type(c) for c in trainer.callbacks} | {type(trainer.strategy.checkpoint_io)}
+    """The start block's line for each run-safety part or plugin ``trainer`` runs without (RunSafety left out of a
+    config, or a part of it turned off by its key)."""
+    present = {type(c) for c in each(trainer.callbacks)} | {type(trainer.strategy.checkpoint_io)}
     return [f"  safety off      : {kind.__name__}: {guarantee}" for kind, guarantee in SAFETY.items()
             if not any(issubclass(p, kind) for p in present)]
-
-
-LEAN = ("Lightning's dispatch replaced for this trainer (callbacks.LeanDispatch): each hook called only on the "
-        "callbacks that override it")
 
 
 def _handler_name(handler) -> str:
@@ -59,26 +55,18 @@ def unseen_settings(trainer: Trainer) -> List[str]:
     ends the run in one line where a guarantee's private access does not fit this Lightning (compat.check_supported)."""
     strategy = trainer.strategy
     lines = [f"  strategy class  : {type(strategy).__module__}.{type(strategy).__qualname__}"]
-    timeout = compat.collective_timeout(strategy)
-    if timeout is not None:
+    timeout = lifetime.configured_timeout()
+    if hasattr(strategy, "process_group_backend") and timeout is not None:  # a strategy of several processes
         lines.append(f"  collective wait : {timeout.total_seconds():g} s (collective_timeout; then exit 75)")
     handlers: Dict[str, List[str]] = {}
     for signum in (*runtime.SIGNALS, runtime.PEER_FAILED):
         handlers.setdefault(_handler_name(signal.getsignal(signum)), []).append(signal.Signals(signum).name)
-    lightning = "off" if any(isinstance(c, runtime.Preemption) for c in trainer.callbacks) else "on"
+    lightning = "off" if find(trainer.callbacks, runtime.Preemption) is not None else "on"
     lines.append("  signals         : " + "; ".join(f"{', '.join(names)} -> {name}" for name, names in handlers.items())
                  + f"; Lightning's own handlers {lightning}")
-    lean = any(isinstance(c, LeanDispatch) for c in trainer.callbacks) and compat.DISPATCH not in compat.unfit(trainer)
-    lines.append("  callback hooks  : " + (LEAN if lean else "Lightning's own dispatch"))
     hidden = [f[1].pattern for f in warnings.filters if f[0] == "ignore" and f[1] and f[1].pattern in HIDDEN_WARNINGS]
     srun = SRUN_HINT in hidden and shutil.which("srun") and not SLURMEnvironment.detect()
     lines.append(f"  hidden output   : {len(hidden)} warning filter(s) for Lightning's own deprecations and hints"
                  f"{' (its srun hint kept out: srun is on PATH, this run is not under it)' if srun else ''}, "
                  f"{len(NOT_OURS)} of its info lines (fashion_mnist_dp/cli/start_block.py)")
-    report = next((c for c in trainer.callbacks if hasattr(c, "breakdown_on")), None)
-    if report is not None:
-        on = report.breakdown_on(strategy.root_device.type)
-        hook = "; wraps DDP's comm hook (yours too) to time its all-reduce" if on and isinstance(
-            strategy, DDPStrategy) else ""
-        lines.append(f"  breakdown       : {'on' if on else 'off'} on {strategy.root_device.type} ranks{hook}")
     return lines + compat.check_supported(trainer)

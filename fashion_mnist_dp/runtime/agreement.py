@@ -9,6 +9,7 @@ import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from callbacks.owner import each
 from lightning_modules.classifier import LossWindow
 
 TRAIN_STEP = "train_step"
@@ -34,8 +35,8 @@ class Participant(Callback):
 
 
 class Agreement(Callback):
-    """Runs the decision points for the :class:`Participant` callbacks that come before it in ``trainer.callbacks``,
-    in their order (the first to raise wins)."""
+    """Runs the decision points for the :class:`Participant` callbacks listed before its owner (or it) in
+    ``trainer.callbacks`` and its owner's own (``owned``), in that order (the first to raise wins)."""
 
     def __init__(self, check_every_n_steps: int = DEFAULT_CHECK_EVERY_N_STEPS):
         if check_every_n_steps < 1:
@@ -46,10 +47,12 @@ class Agreement(Callback):
         self._trained_since = False
         self._decided_step = -1
         self.last_point: Optional[str] = None  # the last point every rank passed (the hang report names it)
+        self.owned: List[Callback] = []  # its owner's parts before it (fashion_mnist_dp/runtime/safety.py)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         check_order(trainer.callbacks)
-        self.participants = [c for c in trainer.callbacks if isinstance(c, Participant)]
+        listed = [c for c in trainer.callbacks if isinstance(c, Participant)]
+        self.participants = [*listed, *(c for c in self.owned if isinstance(c, Participant) and c not in listed)]
 
     def decide(self, trainer: Trainer, pl_module: LightningModule, point: str) -> None:
         """One decision point: every rank must call it with the same ``point``."""
@@ -93,6 +96,7 @@ def check_order(callbacks: Sequence[Callback]) -> None:
     reads what they noted for the batch), DivergenceGuard before Preemption (a diverged run stops without the
     checkpoint a signal would write), JobFaults before both (its ``on_exception`` runs first: no collective save with
     a rank that is gone). Lightning itself puts the checkpoint callbacks last, after every decision."""
+    callbacks = list(each(callbacks))  # an owner's parts after it, in their order
     names = [type(c).__name__ for c in callbacks]
     agreement = next((i for i, c in enumerate(callbacks) if isinstance(c, Agreement)), len(callbacks))
     late = [type(c).__name__ for c in callbacks[agreement:] if isinstance(c, Participant)]

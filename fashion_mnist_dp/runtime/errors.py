@@ -88,13 +88,6 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split())
 
 
-def note_failed_write(what: str, error: OSError) -> None:
-    """A write on a failure path failed: named in the stop line, as a note on the exception being handled."""
-    handled = sys.exc_info()[1]
-    if handled is not None:
-        handled.add_note(f"{what} not written either: {error.strerror or error}")
-
-
 def print_line(error: UserFacingError, notes: Sequence[str] = ()) -> None:
     """The error's one line on stderr (stdout for a run that ends well), with the writes that failed on the way out."""
     stream = sys.stdout if error.to_stdout else sys.stderr

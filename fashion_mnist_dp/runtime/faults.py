@@ -7,6 +7,8 @@ from typing import Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from callbacks.owner import each
+
 from fashion_mnist_dp.runtime import compat, hangs
 from fashion_mnist_dp.runtime.errors import one_line
 from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers
@@ -96,7 +98,7 @@ class JobFaults(Callback):
             codes = {trainer.global_rank + i: p.poll() for i, p in enumerate(children, 1)}
             exited = {rank: code for rank, code in codes.items() if code is not None}
             if re.search(STUCK, text) or re.search(LOST, text):
-                agreement = next((c for c in trainer.callbacks if hasattr(c, "last_point")), None)
+                agreement = next((c for c in each(trainer.callbacks) if hasattr(c, "last_point")), None)
                 exception.report = hangs.report(trainer, exception, trainer.world_size,
                                                 getattr(agreement, "last_point", None), self.folder, exited)
             elif joined := re.search(JOINED, text):

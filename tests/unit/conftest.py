@@ -13,7 +13,7 @@ from fashion_mnist_dp.cli.checks import import_class
 from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules import FashionMNISTClassifier, LRPolicy
 from fashion_mnist_dp.cli.app import DEFAULT_CONFIG
-from fashion_mnist_dp.runtime import Agreement, VerifiedCheckpointIO, signals
+from fashion_mnist_dp.runtime import VerifiedCheckpointIO, signals
 
 
 def classifier(network: str = "cnn", lr: float = 0.05, optimizer=torch.optim.SGD, momentum: float = 0.9,
@@ -35,13 +35,12 @@ def clean_signals():
 
 
 def with_safety(callbacks=(), check_every_n_steps: int = 50) -> list:
-    """``callbacks`` among configs/default.yaml's run-safety callbacks (fashion_mnist_dp.runtime's), in its order:
-    the first of them before ``callbacks``, the rest after (so the tests run the list that ships)."""
+    """``callbacks`` and configs/default.yaml's run-safety owner after them, as the config lists it (so the tests run
+    the parts that ship, in their order)."""
     listed = yaml.safe_load(DEFAULT_CONFIG.read_text())["trainer"]["callbacks"]
-    safety = [import_class(entry["class_path"]) for entry in listed
-              if entry["class_path"].startswith("fashion_mnist_dp.runtime.")]
-    built = [kind(check_every_n_steps) if kind is Agreement else kind() for kind in safety]
-    return [built[0], *callbacks, *built[1:]]
+    (safety,) = [import_class(entry["class_path"]) for entry in listed
+                 if entry["class_path"].startswith("fashion_mnist_dp.runtime.")]
+    return [*callbacks, safety(check_every_n_steps)]
 
 
 def tiny_fit(root, folder, callbacks=(), safety=None, batch_size=32, network="mlp", lr=0.05, model_args=None,

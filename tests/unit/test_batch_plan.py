@@ -7,7 +7,7 @@ from lightning.pytorch import Callback, Trainer
 
 from datamodules import FashionMNISTDataModule
 from lightning_modules import LRPolicy
-from lightning_modules.batch_plan import BatchPlan
+from lightning_modules.lr_policy import BatchPlan
 from tests.unit.conftest import classifier
 
 

@@ -48,7 +48,8 @@ def test_default_config_is_loaded_without_flags(capsys, workdir):
         "sub_dir": None, "comment": "", "purge_step": None, "write_every_s": 5.0, "max_queue": 10, "flush_secs": 120,
         "filename_suffix": ""}}]  # save_dir and name filled in at the run: default_root_dir, the run's name
     callbacks = [c["class_path"] for c in config["trainer"]["callbacks"]]
-    assert "callbacks.ThroughputReport" in callbacks and "callbacks.checkpoints.ModelCheckpoint" in callbacks
+    assert "callbacks.Report" in callbacks and "callbacks.checkpoints.ModelCheckpoint" in callbacks
+    assert len([c for c in callbacks if not c.startswith("lightning.")]) <= 6  # the project's owners
     assert config["model"]["network"]["class_path"] == "lightning_modules.networks.SmallCNN"
     assert config["model"]["optimizer"] == {"class_path": "torch.optim.SGD", "init_args": {
         "lr": 0.05, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0005, "nesterov": False, "maximize": False,
@@ -96,8 +97,8 @@ BAD_VALUES = [
     (["--lr", "-1"], "--lr must be a number > 0 (the base learning rate, e.g. --lr 0.05); got -1"),
     (["--lr", "nan"], "--lr must be a number > 0"),
     (["--lr", "inf"], "--lr must be a number > 0"),
-    (["--optimizer", "adam"], "unknown optimizer 'adam': choose one of sgd, adamw, novograd, lamb, lars, or give a class path"),
-    (["--network", "vgg"], "unknown network 'vgg': choose one of cnn, fast_cnn, staged_cnn, gpu_cnn, mlp, wrn, resnet18"),
+    (["--optimizer", "adam"], "unknown optimizer 'adam': choose one of adamw, lamb, lars, novograd, sgd, or give a class path"),
+    (["--network", "vgg"], "unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, resnet18, staged_cnn, wrn"),
     (["--lr_scaling", "cubic"], "model.lr_policy.scaling"),
     (["--warmup_epochs", "-1"], "model.lr_policy.warmup_epochs"),
     (["--seed", "abc"], "seed_everything"),

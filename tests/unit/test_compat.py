@@ -4,7 +4,6 @@ changed attribute, in one line (docs/reliability.md, "Supported versions")."""
 
 import ast
 import configparser
-import logging
 import re
 from pathlib import Path
 from types import ModuleType
@@ -14,8 +13,6 @@ import pytest
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.trainer import call
-from lightning.pytorch.trainer.connectors.data_connector import _DataHookSelector
 from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from packaging.version import Version
 
@@ -36,15 +33,10 @@ TINY = ["--network", "mlp", "--epochs", "1", "--trainer.limit_train_batches", "2
 
 def required() -> list:
     """(owner, attribute) pairs compat.py and the strategies' overridden hooks rely on, as of CHECKED_AGAINST."""
-    from lightning.pytorch.demos.boring_classes import BoringModel
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-    from lightning.pytorch.trainer import call
-    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
+    from lightning.pytorch.strategies import ModelParallelStrategy, ParallelStrategy
     from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-    from lightning.pytorch.trainer.connectors.data_connector import _DataHookSelector
     from lightning.fabric.plugins.environments import LightningEnvironment
-    from torch.distributed.fsdp import FSDPModule
-    from torch.utils.tensorboard import SummaryWriter
 
     trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False)
@@ -53,17 +45,10 @@ def required() -> list:
         (trainer, "_signal_connector"), (trainer._signal_connector, "register_signal_handlers"),
         (_TrainingEpochLoop, "_broadcast_sigterm_tensor"), (_TrainingEpochLoop, "_should_accumulate"),
         (trainer.fit_loop, "_data_fetcher"),
-        (trainer, "_data_connector"), (trainer._data_connector, "_datahook_selector"),
-        (_DataHookSelector, "_valid_hooks"), (_DataHookSelector, "get_instance"),
-        (ModelCheckpoint(), "_every_n_train_steps"), (ModelCheckpoint(), "_train_time_interval"),
-        (SummaryWriter, "_get_file_writer"),
         (launcher, "procs"), (ModelParallelStrategy(), "_data_parallel_size"),
-        (DDPStrategy(), "_ddp_comm_hook"), (DDPStrategy(), "_ddp_comm_state"), (FSDPModule, "_get_fsdp_state"),
-        (DDPStrategy(), "_timeout"), (ModelParallelStrategy(), "_timeout"),
         (ModelParallelStrategy(), "_tensor_parallel_size"),
         # A hook fashion_mnist_dp/strategies/ overrides: dp's one-process launcher check.
         (ParallelStrategy, "_configure_launcher"),
-        (call, "_call_callback_hooks"), (BoringModel(), "_current_fx_name"),
     ]
 
 
@@ -116,39 +101,6 @@ def test_no_line_of_non_test_python_is_over_120_characters():
     assert long == []
 
 
-@pytest.mark.filterwarnings("ignore:You have overridden `on_before_batch_transfer`")  # Lightning's, as meant here
-def test_each_batch_hook_still_runs_once_a_batch_from_its_owner_when_the_owners_are_asked_once():
-    """compat.ask_batch_hook_owners_once (LeanDispatch, at train start): the model's own hook and the
-    datamodule's run as Lightning would run them, once a batch."""
-    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
-    from lightning.pytorch import Callback
-
-    from fashion_mnist_dp.runtime import compat
-
-    ran = []
-
-    class Model(BoringModel):
-        def on_before_batch_transfer(self, batch, dataloader_idx):
-            ran.append("model: before")
-            return batch
-
-    class Data(BoringDataModule):
-        def on_after_batch_transfer(self, batch, dataloader_idx):
-            ran.append("data: after")
-            return batch
-
-    class AskOnce(Callback):
-        def on_train_start(self, trainer, pl_module):
-            compat.ask_batch_hook_owners_once(trainer)
-            ran.clear()
-
-    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=0, callbacks=[AskOnce()], logger=False,
-                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                      accelerator="cpu", devices=1)
-    trainer.fit(Model(), datamodule=Data())
-    assert ran == ["model: before", "data: after"] * 3
-
-
 def trainer_of(strategy: str = "auto", devices: int = 1) -> Trainer:
     from fashion_mnist_dp.strategies import register_strategies
 
@@ -159,59 +111,18 @@ def trainer_of(strategy: str = "auto", devices: int = 1) -> Trainer:
 
 @pytest.mark.parametrize("strategy", ["auto", "ddp", "fsdp_cpu"])
 def test_the_installed_lightning_and_torch_fit_every_access_the_start_up_check_makes(strategy):
-    """Nothing turned off on CI's legs; on a torch whose FSDP2 keeps one parameter group (2.7), the timed collectives."""
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-
-    allowed = set() if hasattr(FSDPState(), "_fsdp_param_groups") else {"the breakdown's timed fsdp collectives"}
-    assert set(compat.unfit(trainer_of(strategy, devices=1 if strategy == "auto" else 2))) <= allowed
+    assert compat.unfit(trainer_of(strategy, devices=1 if strategy == "auto" else 2)) == {}
 
 
-def test_fsdp_collectives_whose_names_changed_are_left_untimed_and_the_start_block_says_so(monkeypatch):
-    """FSDP2's parameter group setting its comms under other names: no timing (no AttributeError on a rank), said."""
-    from types import SimpleNamespace
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-
-    def renamed(self, *args, **kwargs):
-        self._all_gather_communication = self._reduce_scatter_communication = None
-
-    if not hasattr(FSDPState(), "_fsdp_param_groups"):
-        pytest.skip("this torch's FSDP2 keeps one parameter group (2.7): the timing is off already")
-    assert compat.TIMED_FSDP not in compat.unfit(trainer_of("fsdp_cpu", devices=2))
-    monkeypatch.setattr(FSDPParamGroup, "__init__", renamed)
-    assert compat.unfit(trainer_of("fsdp_cpu", devices=2))[compat.TIMED_FSDP] == (False, "FSDPParamGroup.__init__")
-    group = SimpleNamespace(_all_gather_communication=object(), _reduce_scatter_communication=object())
-    state = SimpleNamespace(_fsdp_param_groups=[group])
-    assert compat.fsdp_collectives(SimpleNamespace(_get_fsdp_state=lambda: state)) == (None, None)
-
-
-def test_a_changed_private_function_turns_its_optimisation_off_and_the_start_block_says_so(monkeypatch, capsys,
-                                                                                           caplog, workdir,
-                                                                                           fashion_root):
-    """Lightning's callback dispatch with another signature: LeanDispatch leaves it in place, and the run trains."""
-    lightnings, hooks = call._call_callback_hooks, []
-
-    def changed(trainer, hook_name, *args, monitoring_callbacks=None, new_argument=None, **kwargs):
-        hooks.append(hook_name)
-        lightnings(trainer, hook_name, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
-
-    monkeypatch.setattr(call, "_call_callback_hooks", changed)
-    with caplog.at_level(logging.INFO):
-        assert app.main(["--data_dir", str(fashion_root), *TINY]) == 0
-    output = capsys.readouterr().out + caplog.text
-    off = [line.strip() for line in output.splitlines() if "turned off" in line]
-    assert off == [f"turned off      : {compat.DISPATCH} (Lightning {lightning.__version__} with torch "
-                   f"{torch.__version__} lacks or changed lightning.pytorch.trainer.call._call_callback_hooks)"]
-    assert call._call_callback_hooks is changed and hooks.count("on_train_batch_end") == 2  # Lightning's dispatch ran
-
-
-def test_a_changed_batch_hook_selector_leaves_lightning_asking_at_every_batch(monkeypatch):
-    monkeypatch.setattr(_DataHookSelector, "get_instance", lambda self, hook_name, new_argument=None: None)
-    trainer = trainer_of()
-    trainer._data_connector._datahook_selector = selector = _DataHookSelector(None, None)
-    compat.ask_batch_hook_owners_once(trainer)
-    assert "get_instance" not in vars(selector)  # not replaced by the owners' table
-    assert f"{compat.BATCH_HOOKS} (Lightning" in unseen_settings(trainer)[-1]
+def test_compats_table_holds_only_what_a_guarantee_needs_each_with_the_public_api_it_waits_for():
+    """At most ten accesses in all: the start-up check's table, jsonargparse's ``_typehint`` and CPython's
+    ``atexit._run_exitfuncs``; beside each, the public API it waits for."""
+    source = (REPO / "fashion_mnist_dp" / "runtime" / "compat.py").read_text()
+    table = compat._accesses(trainer_of("fsdp_cpu", devices=2))
+    assert len(table) + 2 <= 10
+    comments = [line for line in source.splitlines() if line.strip().startswith("# waits for:")]
+    assert len(comments) == len({serves for _, serves, *_ in table})  # one for each thing served
+    assert "Waits\n    for:" in source and "Waits for: a process group" in source  # _typehint's and atexit's
 
 
 @pytest.mark.skipif(Version(lightning.__version__) < Version("2.5.2"), reason="the broadcast came in Lightning 2.5.2")

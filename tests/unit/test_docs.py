@@ -5,10 +5,11 @@ import re
 import shlex
 
 import pytest
+import yaml
 
 from fashion_mnist_dp.cli.app import main
 from benchmarks.launch import REPO
-from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, KNOWN_GOOD_LR, NETWORK_LR, SHORTHAND_TABLE
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, SHORT_FILES, SHORTHAND_TABLE, flat
 
 COMMANDS = [line.strip() for name in ("README.md", "docs/cli.md") for line in (REPO / name).read_text().splitlines()
             if line.strip().startswith("python train.py")]
@@ -20,15 +21,18 @@ def test_the_shorthand_table_in_docs_cli_is_the_one_the_code_uses():
     assert all(short == again for short, _, again, _ in rows)
 
 
-def test_the_short_name_tables_in_docs_cli_are_the_ones_the_code_uses():
+def test_the_short_name_tables_in_docs_cli_are_the_config_files_the_names_load():
     text = (REPO / "docs/cli.md").read_text()
+
+    def base_lr(key, name):
+        return str(flat(yaml.safe_load(SHORT_FILES[key][name].read_text())).get("model.optimizer.init_args.lr", ""))
+
     network_rows = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \| ([\d.]*) ?\|$", text, re.M)
-    networks = {name: path for name, path, _ in network_rows}
-    assert {(name, "sgd"): lr for name, _, lr in network_rows if lr} == NETWORK_LR
+    assert {name: path for name, path, _ in network_rows} == CLASS_NAMES["--model.network"]
+    assert {name: lr for name, _, lr in network_rows} == {n: base_lr("--model.network", n) for n, *_ in network_rows}
     optimizers = re.findall(r"^\| `(\w+)`(?: \(default\))? \| `([\w.]+)` \| ([\d.]+) \| [\d.]+ %", text, re.M)
-    assert networks == CLASS_NAMES["--model.network"]
     assert {name: path for name, path, _ in optimizers} == CLASS_NAMES["--model.optimizer"]
-    assert {name: lr for name, _, lr in optimizers} == KNOWN_GOOD_LR
+    assert {name: lr for name, _, lr in optimizers} == {n: base_lr("--model.optimizer", n) for n, *_ in optimizers}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -41,9 +45,11 @@ def test_every_documented_command_parses(capsys, monkeypatch, command):
 
 
 def test_reliability_md_names_every_run_safety_callback_the_start_block_knows():
-    """docs/reliability.md's table of who carries each guarantee lists every class the start block checks for."""
+    """docs/reliability.md's table of who carries each guarantee lists every class the start block checks for: the
+    plugin by its path, RunSafety's parts as its parts."""
     from fashion_mnist_dp.cli.start_block import SAFETY
 
     table = (REPO / "docs" / "reliability.md").read_text().split("## Who carries each guarantee", 1)[1].split("\n## ")[0]
-    listed = set(re.findall(r"`fashion_mnist_dp\.runtime\.(\w+)`", table))
+    listed = set(re.findall(r"`fashion_mnist_dp\.runtime\.(\w+)`|^\| (?:`RunSafety`'s|its) (\w+)", table, re.M))
+    listed = {name for pair in listed for name in pair if name}
     assert {kind.__name__ for kind in SAFETY} <= listed, listed

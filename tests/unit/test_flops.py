@@ -111,7 +111,7 @@ def test_mfu_in_metrics_csv_is_images_per_sec_times_the_flops_over_the_peak_in_t
     epochs = [float(row["throughput/mfu"]) for row in rows if row.get("throughput/mfu")]
     printed = epoch_mfus(capsys.readouterr().out)
     assert len(printed) == 2 and printed == pytest.approx(epochs, abs=5.01e-4)  # a tenth of a per cent
-    notes = trainer.lightning_module.start_notes
+    notes = next(c for c in trainer.callbacks if isinstance(c, ThroughputReport)).start_lines(trainer)
     assert "  training FLOPs  : 818.2 kFLOP an image, forward and backward (FlopCounterMode on the meta device" in \
         "\n".join(notes)
 
@@ -132,7 +132,8 @@ def test_a_network_the_counter_cannot_run_gives_a_line_and_the_run_goes_on_witho
     logger = MetricsCSV(str(tmp_path), name="run", version=0)
     trainer = tiny_fit(fashion_root, tmp_path, [RunRecord(), ThroughputReport()], network=ReadsItsInput(),
                        logger=logger, log_every_n_steps=2)
-    (line,) = [note for note in trainer.lightning_module.start_notes if "FLOP" in note]
+    report = next(c for c in trainer.callbacks if isinstance(c, ThroughputReport))
+    (line,) = [note for note in report.start_lines(trainer) if "FLOP" in note]
     assert line.startswith(f"  training FLOPs  : not counted: FlopCounterMode cannot run {__name__}.ReadsItsInput "
                            "on the meta device (") and line.endswith("); no FLOP/s or MFU figures")
     folder = tmp_path / "run" / "version_0"

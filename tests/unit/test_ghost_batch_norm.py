@@ -8,7 +8,6 @@ from torch import nn
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-from callbacks import GhostBatchNorm
 from fashion_mnist_dp.cli.checks import import_class
 from fashion_mnist_dp.cli.shorthand import CLASS_NAMES
 from lightning_modules.ghost_batch_norm import GhostBatchNorm2d, use_ghost_batch_norm
@@ -76,9 +75,9 @@ def test_every_batch_norm_of_every_network_is_swapped_and_checkpoints_interchang
     ghost.load_state_dict(plain.state_dict(), strict=True)
 
 
-def test_the_callback_swaps_the_model_at_fit_and_checkpoints_load_into_plain_batch_norm(fashion_root, tmp_path):
-    trainer = tiny_fit(fashion_root, tmp_path, [GhostBatchNorm(8)], network="cnn", limit_train_batches=2,
-                       limit_val_batches=1)
+def test_the_models_key_swaps_its_batch_norms_and_checkpoints_load_into_plain_batch_norm(fashion_root, tmp_path):
+    trainer = tiny_fit(fashion_root, tmp_path, network="cnn", model_args={"ghost_batch_size": 8},
+                       limit_train_batches=2, limit_val_batches=1)
     model = trainer.lightning_module
     ghosts = [m for m in model.modules() if isinstance(m, GhostBatchNorm2d)]
     assert len(ghosts) == 4 and all(m.ghost_batch_size == 8 for m in ghosts)
@@ -92,10 +91,9 @@ def test_the_callback_swaps_the_model_at_fit_and_checkpoints_load_into_plain_bat
         use_ghost_batch_norm(SmallCNN(), 0)
 
 
-def test_the_callback_and_virtual_devices_are_refused_together():
-    model = classifier("cnn", virtual_devices=4)
+def test_the_ghost_batch_size_and_virtual_devices_are_refused_together():
     with pytest.raises(MisconfigurationException, match="give one of them"):
-        GhostBatchNorm(8).setup(None, model, "fit")
+        classifier("cnn", virtual_devices=4, ghost_batch_size=8)
 
 
 def test_ghost_batches_cut_the_batch_into_that_many_equal_shards_whatever_its_size():

@@ -2,7 +2,6 @@
 code; its step and stage; how a rank ended; the report's lines when no other rank can answer; NCCL's flight
 recorder settings. Whole jobs that hang: tests/test_lifetime.py and the cluster tier."""
 
-import os
 import signal
 import traceback
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""HeapReuse (configs/default.yaml): between setup and teardown a step's freed activations are reused without page
+"""ProcessSettings' heap_reuse part (configs/default.yaml): between setup and teardown a step's freed activations are reused without page
 faults, and at teardown the memory they held goes back to the kernel. Each case in a fresh interpreter: glibc's
 thresholds are per process and adapt to what it freed before."""
 
@@ -17,10 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 # step, and the resident size.
 STEPS = """
 import ctypes, json, resource, sys
-from callbacks import HeapReuse
+from callbacks import ProcessSettings
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
-heap = HeapReuse()
+heap = ProcessSettings(gc_freeze=False)
 if sys.argv[1] == "kept":
     heap.setup(None, None, "fit")
 def faults_per_step(steps=10, size=16 * 1024 * 1024):

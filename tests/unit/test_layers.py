@@ -86,3 +86,23 @@ def test_a_function_local_import_back_up_is_a_cycle():
     modules["fashion_mnist_dp.strategies.fsdp"] += "\n\ndef late():\n    from fashion_mnist_dp.runtime import compat\n"
     with pytest.raises(graphlib.CycleError):
         floors(import_edges(modules), modules)
+
+
+# The project's packages in one direction (docs/architecture.md, "Where things live"): the model and the data at the
+# bottom, importing none of the others; the callbacks above them; the harness that assembles a run on top.
+PACKAGE_FLOORS = {"lightning_modules": 1, "datamodules": 1, "callbacks": 2, "fashion_mnist_dp": 3}
+
+
+def test_the_packages_import_in_one_direction_only_down():
+    modules = project_modules()
+    up = sorted({f"{s} -> {t}" for s, t in import_edges(modules)
+                 if s.split(".")[0] != t.split(".")[0]
+                 and PACKAGE_FLOORS[s.split(".")[0]] <= PACKAGE_FLOORS[t.split(".")[0]]})
+    assert up == []
+
+
+def test_the_architecture_page_draws_the_packages_floors():
+    page = (REPO / "docs" / "architecture.md").read_text()
+    drawn = {name: int(floor) for floor, names in re.findall(r"^package floor (\d) +(.+)$", page, flags=re.MULTILINE)
+             for name in names.split()}
+    assert drawn == PACKAGE_FLOORS

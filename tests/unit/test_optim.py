@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_modules.optim import check_optimizer, lr_factor, param_groups, scale_lr
+from lightning_modules.lr_policy import lr_factor, scale_lr
+from lightning_modules.optim import check_optimizer, param_groups
 from tests.unit.conftest import classifier, tiny_fit
 
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from fashion_mnist_dp.cli.shorthand import (CLASS_NAMES, KNOWN_GOOD_LR, NETWORK_LR, SHORTHAND, expand_args,
-                                            find_subcommand)
+from fashion_mnist_dp.cli.shorthand import CLASS_NAMES, CONFIGS, SHORTHAND, expand_args, find_subcommand
 from fashion_mnist_dp.runtime.errors import ConfigError
+from tests.unit.test_cli import printed_config
 
 
 def test_no_subcommand_means_fit_and_shorthand_maps_to_full_keys():
@@ -23,39 +23,41 @@ def test_every_documented_shorthand_is_rewritten_with_equals_form_too():
         assert expand_args([f"{short}={value}"]) == ["fit", full, value]
 
 
-def test_short_names_stand_for_class_paths_and_unknown_ones_name_the_choices():
+def test_short_names_load_their_config_files_and_unknown_ones_name_the_choices():
     assert expand_args(["--network", "fast_cnn", "--model.optimizer", "lamb"]) == [
-        "fit", "--model.network", "lightning_modules.networks.FastCNN", "--model.optimizer", "torch_optimizer.Lamb",
-        "--model.optimizer.init_args.lr", KNOWN_GOOD_LR["lamb"]]
+        "fit", "--config", str(CONFIGS / "networks" / "fast_cnn.yaml"), "--config",
+        str(CONFIGS / "optimizers" / "lamb.yaml")]
+    assert CLASS_NAMES["--model.network"]["fast_cnn"] == "lightning_modules.networks.FastCNN"
+    assert CLASS_NAMES["--model.optimizer"]["lamb"] == "torch_optimizer.Lamb"
     assert expand_args(["--network=my_package.Net"]) == ["fit", "--model.network", "my_package.Net"]
-    with pytest.raises(ConfigError, match="unknown network 'vgg': choose one of cnn, fast_cnn, staged_cnn, gpu_cnn, mlp, wrn, "
-                                             "resnet18, or give a class path"):
+    with pytest.raises(ConfigError, match="unknown network 'vgg': choose one of cnn, fast_cnn, gpu_cnn, mlp, resnet18, "
+                                          "staged_cnn, wrn, or give a class path"):
         expand_args(["--network", "vgg"])
 
 
-def test_a_shipped_optimizer_comes_with_its_known_good_lr_unless_an_lr_is_given():
-    lr = "--model.optimizer.init_args.lr"
-    assert expand_args(["--optimizer", "adamw", "--epochs", "1"]) == [
-        "fit", "--model.optimizer", "torch.optim.AdamW", lr, "0.001", "--trainer.max_epochs", "1"]
-    assert expand_args(["--optimizer", "torch.optim.AdamW"])[-2:] == [lr, "0.001"]  # its class path too
-    assert expand_args(["--lr", "0.01", "--optimizer", "adamw"]) == ["fit", lr, "0.01", "--model.optimizer",
-                                                                    "torch.optim.AdamW"]
-    assert expand_args(["--optimizer", "adamw", f"{lr}=0.02"]) == ["fit", "--model.optimizer", "torch.optim.AdamW",
-                                                                   lr, "0.02"]
+def lr_and_class(capsys, *args):
+    """The optimizer's class and base lr as the command line leaves them, parsed (--print_config)."""
+    optimizer = printed_config(capsys, list(args))["model"]["optimizer"]
+    return optimizer["class_path"].rpartition(".")[2], optimizer["init_args"]["lr"]
+
+
+def test_a_shipped_optimizer_comes_with_its_known_good_lr_unless_an_lr_is_given(capsys, workdir):
+    assert lr_and_class(capsys, "--optimizer", "adamw", "--epochs", "1") == ("AdamW", 0.001)
+    assert lr_and_class(capsys, "--lr", "0.01", "--optimizer", "adamw") == ("AdamW", 0.01)  # given first: still wins
+    assert lr_and_class(capsys, "--optimizer", "adamw", "--model.optimizer.init_args.lr=0.02") == ("AdamW", 0.02)
+    assert lr_and_class(capsys, "--optimizer", "lamb") == ("Lamb", 0.005)
     assert expand_args(["--optimizer", "my.Optimizer"]) == ["fit", "--model.optimizer", "my.Optimizer"]
-    assert set(KNOWN_GOOD_LR) == set(CLASS_NAMES["--model.optimizer"])
+    assert expand_args(["--optimizer", "adamw"]).lr_origin == (
+        "--optimizer adamw (configs/optimizers/adamw.yaml) (--lr sets another)")
 
 
-def test_a_shipped_network_brings_its_lr_over_the_optimizers_and_under_the_users():
-    lr, wrn = "--model.optimizer.init_args.lr", "lightning_modules.networks.WideResNet"
-    expanded = expand_args(["--network", "wrn"])
-    assert expanded == ["fit", "--model.network", wrn, lr, NETWORK_LR[("wrn", "sgd")]]
-    assert expanded.lr_origin == "wrn's known-good lr with sgd (--lr sets another)"
-    assert expand_args(["--network", "wrn", "--optimizer", "sgd"])[-2:] == [lr, NETWORK_LR[("wrn", "sgd")]]
-    assert expand_args(["--network", "wrn", "--optimizer", "adamw"])[-2:] == [lr, KNOWN_GOOD_LR["adamw"]]  # no pair
-    given = expand_args(["--network", "wrn", "--lr", "0.02"])
-    assert given == ["fit", "--model.network", wrn, lr, "0.02"] and given.lr_origin == "--lr 0.02"
-    assert expand_args(["--network", "cnn"]) == ["fit", "--model.network", "lightning_modules.networks.SmallCNN"]
+def test_a_shipped_network_brings_its_lr_and_flags_after_it_win(capsys, workdir):
+    assert lr_and_class(capsys, "--network", "wrn") == ("SGD", 0.005)
+    assert lr_and_class(capsys, "--network", "wrn", "--optimizer", "sgd") == ("SGD", 0.05)  # the optimizer's, after
+    assert lr_and_class(capsys, "--network", "wrn", "--optimizer", "adamw") == ("AdamW", 0.001)
+    assert lr_and_class(capsys, "--network", "wrn", "--lr", "0.02") == ("SGD", 0.02)
+    assert expand_args(["--network", "wrn", "--lr", "0.02"]).lr_origin == "--lr 0.02"
+    assert lr_and_class(capsys, "--network", "cnn") == ("SGD", 0.05)
     assert expand_args(["--epochs", "1"]).lr_origin is None  # from the config files
 
 

@@ -229,26 +229,31 @@ def test_cuda_events_time_the_gpus_work_and_are_read_without_waiting_for_it():
     assert clock.ready(after) and clock.seconds(after) > clock.seconds(before) >= 0
 
 
-def test_on_cuda_the_timed_hook_wraps_the_users_and_takes_its_place_before_lightning_registers_it(monkeypatch):
-    """Lightning registers ``DDPStrategy(ddp_comm_hook=...)`` on CUDA as it wraps the model, after ``setup``; the CUDA
-    events are a late clock here (no GPU needed)."""
+def test_ddps_all_reduce_is_timed_through_its_public_comm_hook_unless_one_of_yours_is_registered():
+    """``register_comm_hook`` on the wrapped model (DDP takes one: a second raises); neither DDP nor fsdp: nothing."""
     from types import SimpleNamespace
 
-    from lightning.pytorch.strategies import DDPStrategy
+    from torch.nn.parallel import DistributedDataParallel
 
-    from fashion_mnist_dp.runtime import compat
+    from callbacks.step_marks import time_collectives
 
-    monkeypatch.setattr("callbacks.throughput.CudaEvents", LateClock)
-    calls = []
-    strategy = DDPStrategy(parallel_devices=[torch.device("cuda", 0)],
-                           ddp_comm_hook=lambda state, bucket: calls.append(state) or "the user's future")
-    report = ThroughputReport(breakdown=True)
-    report.setup(SimpleNamespace(strategy=strategy), None, "fit")
-    state, hook = compat.ddp_comm_hook(strategy)
-    report.timer.start_epoch(), report.timer.batch_start()
-    assert isinstance(report.timer.clock, LateClock) and hook(state, FakeBucket(3)) == "the user's future"
-    report.timer.batch_end()
-    assert calls == [state] and report.timer.take_epoch().buckets == 1  # the bucket marked, on the late clock
+    registered = []
+
+    def ddp(register):
+        model = DistributedDataParallel.__new__(DistributedDataParallel)  # no process group: only its comm hook
+        object.__setattr__(model, "register_comm_hook", register)
+        return SimpleNamespace(model=model)
+
+    timer = StepTimer(HostClock())
+    assert time_collectives(timer, ddp(lambda state, hook: registered.append(hook)), torch.nn.Linear(1, 1)) == \
+        "times DDP's all-reduce (its comm hook)"
+    assert len(registered) == 1 and registered[0].__name__ == "timed"  # the timer's wrap of DDP's own all-reduce
+
+    def taken(state, hook):
+        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+
+    assert time_collectives(timer, ddp(taken), None) == "DDP's all-reduce untimed (a comm hook of your own: DDP takes one)"
+    assert time_collectives(timer, SimpleNamespace(model=object()), torch.nn.Linear(1, 1)) == ""
 
 
 @pytest.mark.parametrize("device, timed", [("cpu", True), ("cuda", False)])

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 from lightning.pytorch import Trainer
 
-from callbacks import LeanDispatch, ThroughputReport
+from callbacks import ThroughputReport
 from fashion_mnist_dp.cli.start_block import HIDDEN_WARNINGS, unseen_settings
-from fashion_mnist_dp.runtime import Preemption
+from fashion_mnist_dp.runtime import Preemption, RunSafety
 from fashion_mnist_dp.runtime.lifetime import DEFAULT_TIMEOUT_S, set_collective_timeout
 from fashion_mnist_dp.strategies import register_strategies
 
@@ -54,6 +54,7 @@ def test_the_signals_line_reads_the_installed_handlers_and_whether_lightnings_ar
         signal.signal(signal.SIGUSR2, previous)
     assert lines()["signals"].endswith("Lightning's own handlers on")
     assert lines(callbacks=[Preemption()])["signals"].endswith("Lightning's own handlers off")
+    assert lines(callbacks=[RunSafety()])["signals"].endswith("Lightning's own handlers off")  # its part
 
 
 def test_the_hidden_output_line_counts_the_live_warning_filters():
@@ -89,15 +90,12 @@ def test_lightnings_srun_hint_is_kept_out_of_a_run_outside_srun_where_srun_is_in
 
 
 def test_the_breakdown_line_says_what_its_config_key_resolves_to_here():
-    assert lines(callbacks=[ThroughputReport()])["breakdown"] == "on on cpu ranks"
-    assert lines(callbacks=[ThroughputReport(breakdown=False)])["breakdown"] == "off on cpu ranks"
-    assert lines(callbacks=[ThroughputReport()], strategy="ddp")["breakdown"] == \
-        "on on cpu ranks; wraps DDP's comm hook (yours too) to time its all-reduce"
+    """callbacks.Report's ThroughputReport gives it to the start block (callbacks/throughput.py)."""
+    def breakdown(report, **kwargs):
+        trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False, **kwargs)
+        return report.start_lines(trainer)[0]
+
+    assert breakdown(ThroughputReport()) == "  breakdown       : on on cpu ranks"
+    assert breakdown(ThroughputReport(breakdown=False)) == "  breakdown       : off on cpu ranks"
     assert "breakdown" not in lines()
-
-
-def test_the_callback_hooks_line_says_whether_leandispatch_replaces_lightnings_dispatch():
-    assert lines()["callback hooks"] == "Lightning's own dispatch"
-    assert lines(callbacks=[LeanDispatch()])["callback hooks"] == (
-        "Lightning's dispatch replaced for this trainer (callbacks.LeanDispatch): each hook called only on the "
-        "callbacks that override it")

@@ -46,7 +46,8 @@ def test_print_config_names_every_callback_logger_and_plugin_the_run_uses(capsys
     expected = [*listed, StopAtTarget, train.SaveConfigAsGiven, ModelSummary]
     assert issubclass(train.SaveConfigAsGiven, SaveConfigCallback)
     assert sorted(map(str, seen["callbacks"])) == sorted(map(str, expected))
-    assert len(listed) >= 16 and runtime.Agreement in listed and runtime.JobFaults in listed
+    ours = [c for c in listed if c.__module__.split(".")[0] in ("callbacks", "fashion_mnist_dp")]
+    assert runtime.RunSafety in listed and len(ours) <= 6
     assert seen["loggers"] == [class_of(entry) for entry in config["trainer"]["logger"]]
     assert [seen["checkpoint_io"]] == [class_of(entry) for entry in config["trainer"]["plugins"]]
     assert seen["checkpoint_io"] is runtime.VerifiedCheckpointIO
@@ -55,7 +56,7 @@ def test_print_config_names_every_callback_logger_and_plugin_the_run_uses(capsys
 def test_a_config_that_drops_the_safety_callbacks_names_each_in_the_start_block(capsys, caplog, workdir,
                                                                                 fashion_root):
     """A --config file's trainer.callbacks replaces the whole list."""
-    (workdir / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: callbacks.ThroughputReport\n")
+    (workdir / "mine.yaml").write_text("trainer:\n  callbacks:\n    - class_path: callbacks.Report\n")
     with caplog.at_level(logging.INFO):
         assert train.main(["--config", "mine.yaml", "--data_dir", str(fashion_root), *TINY]) == 0
     output = capsys.readouterr().out + caplog.text
@@ -83,3 +84,15 @@ def test_a_broken_order_ends_at_setup_with_one_line_and_exit_2(capsys, workdir, 
     assert err.strip().splitlines() == [f"train.py: error: {first} must come before {then} in trainer.callbacks "
                                         "(configs/default.yaml lists the order) (see python train.py --help)"]
     assert not (workdir / "runs").exists()  # ended before anything was written
+
+
+def test_a_part_turned_off_by_its_owners_key_is_named_in_the_start_block(capsys, caplog, workdir, fashion_root):
+    """RunSafety(divergence: false): the run goes on without DivergenceGuard, and the start block says what is lost."""
+    (workdir / "mine.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": [
+        {"class_path": "callbacks.Report"},
+        {"class_path": "fashion_mnist_dp.runtime.RunSafety", "init_args": {"divergence": False}}]}}))
+    with caplog.at_level(logging.INFO):
+        assert train.main(["--config", "mine.yaml", "--data_dir", str(fashion_root), *TINY]) == 0
+    output = capsys.readouterr().out + caplog.text
+    off = [line.split(":")[1].strip() for line in output.splitlines() if "safety off" in line]
+    assert off == ["DivergenceGuard"], output

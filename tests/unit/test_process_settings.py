@@ -1,5 +1,6 @@
-"""GcFreeze (configs/default.yaml): while a fit trains, what was alive at its start is out of the collector's reach,
-garbage made during setup is collected first, and after the fit the process's collector is as before."""
+"""ProcessSettings (configs/default.yaml), its gc_freeze part: while a fit trains, what was alive at its start is out
+of the collector's reach, garbage made during setup is collected first, and after the fit the process's collector is
+as before. Its heap_reuse part: tests/unit/test_heap_reuse.py."""
 
 import gc
 import weakref
@@ -7,7 +8,7 @@ import weakref
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from callbacks import GcFreeze
+from callbacks import ProcessSettings
 
 
 class Leftover:
@@ -46,7 +47,8 @@ def fit(*callbacks) -> Watch:
 
 def test_a_fit_trains_with_its_start_frozen_and_setups_garbage_collected_then_gives_the_collector_back():
     assert gc.get_freeze_count() == 0
-    seen = fit(GcFreeze()).seen
+    seen = fit(ProcessSettings(heap_reuse=False)).seen
     assert seen["frozen"] > 10_000 and seen["garbage freed"], seen  # torch and Lightning alone are over 100,000
     assert gc.get_freeze_count() == 0
     assert fit().seen == {"frozen": 0, "garbage freed": False}  # without it: nothing frozen, the cycle still there
+    assert fit(ProcessSettings(gc_freeze=False, heap_reuse=False)).seen["frozen"] == 0  # its key turns it off

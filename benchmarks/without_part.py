@@ -1,9 +1,10 @@
-"""A default callback's trial (GcFreeze, HeapReuse): one run with configs/default.yaml's callbacks and one with all of
-them but that one, in pairs (the order alternating); per run, the training time (the last epoch line's cumulative
-time) and the last step-time line (slowest rank, its lead, the wait).
+"""A default part's trial (ProcessSettings' gc_freeze or heap_reuse, or any owner's key): one run with
+configs/default.yaml as it is and one with that key of that callback false, in pairs (the order alternating); per
+run, the training time (the last epoch line's cumulative time) and the last step-time line (slowest rank, its lead,
+the wait).
 
-    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.without_callback [--callback callbacks.GcFreeze] \
-        [--pairs 5] [--threads 1] [-- train.py args]
+    FASHION_MNIST_DIR=../shared/data .venv/bin/python -m benchmarks.without_part \
+        [--part callbacks.ProcessSettings.gc_freeze] [--pairs 5] [--threads 1] [-- train.py args]
 """
 
 import argparse
@@ -32,19 +33,25 @@ def training_time(args, folder: Path, threads: int) -> tuple:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--callback", default="callbacks.GcFreeze", help="the class path left out of one arm")
+    parser.add_argument("--part", default="callbacks.ProcessSettings.gc_freeze",
+                        help="a default callback's class path and the key one arm sets false")
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("train_args", nargs="*", help="after --: train.py's (default: the tiny fsdp run below)")
     args = parser.parse_args()
     run_args = args.train_args or ["--strategy", "fsdp", "--devices", "2", "--accelerator", "cpu", "--network", "mlp",
                                    "--epochs", "1", "--test_after_fit", "false", "--data.num_workers", "0"]
+    class_path, key = args.part.rsplit(".", 1)
     callbacks = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["trainer"]["callbacks"]
-    with tempfile.TemporaryDirectory(prefix="without-callback-") as tmp:
+    owners = [c for c in callbacks if c["class_path"] == class_path]
+    if not owners:
+        raise SystemExit(f"--part {args.part}: configs/default.yaml lists no {class_path}")
+    for owner in owners:
+        owner.setdefault("init_args", {})[key] = False
+    with tempfile.TemporaryDirectory(prefix="without-part-") as tmp:
         without = Path(tmp) / "without.yaml"
-        without.write_text(yaml.safe_dump({"trainer": {"callbacks": [
-            c for c in callbacks if c["class_path"] != args.callback]}}))
-        arms = {f"with {args.callback.split('.')[-1]} (default)": [], "without": ["--config", str(without)]}
+        without.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+        arms = {f"with {key} (default)": [], "without": ["--config", str(without)]}
         results = {name: [] for name in arms}
         for pair in range(args.pairs):
             for name in (list(arms) if pair % 2 == 0 else list(arms)[::-1]):
