@@ -33,6 +33,9 @@ JOB_TIMEOUT_S = 180 + CRED_EXPIRE_S  # a requeued job waits cred_expire + 1 s be
 # a failed task ends its whole step within this, timed from the failure (docs/running-on-clusters.md); without the
 # failed task's signal to its step the others would wait out the collective timeout, 300 s by default
 FAILURE_BOUND_S = 60
+# the ranks stop at the marked step until the test's signal has reached them (tests.recorder.SlowSteps), so the signal
+# lands in training however long the test takes to send it; the hold's limit is the test's own wait for the job
+HOLD = ["--trainer.callbacks.hold_s", str(JOB_TIMEOUT_S)]
 
 
 def job_info(slurm, job_id: str) -> Dict[str, str]:
@@ -118,7 +121,7 @@ def test_sigusr1_saves_requeues_and_the_requeued_job_resumes_to_the_same_weights
     record = tmp_path / "record"
     record.mkdir()
     args = [*SEEDED, "--epochs", str(EPOCHS), "--data_dir", str(fashion_root),
-            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=6"]
+            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=6", *HOLD]
     job = sbatch(slurm, folder, args, SAMPLE_RECORD_DIR=str(record))
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not (record / "step").exists():
@@ -144,7 +147,7 @@ def test_scancel_leaves_no_process_and_a_loadable_last_checkpoint(slurm, fashion
     record = tmp_path / "record"
     record.mkdir()
     args = [*SEEDED, "--epochs", "50", "--data_dir", str(fashion_root),
-            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=2"]
+            "--trainer.callbacks+=tests.recorder.SlowSteps", "--trainer.callbacks.mark_at=2", *HOLD]
     job = sbatch(slurm, folder, args, SAMPLE_RECORD_DIR=str(record))
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not (record / "step").exists():
@@ -244,8 +247,14 @@ def test_a_requeued_task_of_a_job_array_resumes_its_own_run_while_the_other_trai
     folder.mkdir()
     record.mkdir()
     unseeded = [arg for arg in SEEDED if arg not in ("--seed", "7")]  # the script gives each task its own
-    extra = [*unseeded, "--epochs", "50", "--data_dir", str(fashion_root), "--trainer.callbacks+=tests.recorder.SlowSteps",
-             "--trainer.callbacks.seconds=0.5", "--trainer.callbacks.mark_at=2"]
+    # Each task trains on, saving a checkpoint every epoch (the newer run its peer must not resume), and cannot end on
+    # its own before the test is done with it: its steps of at least step_s take longer than the test's four waits for
+    # a start (JOB_TIMEOUT_S each) together. The test ends both tasks with scancel.
+    step_s = 0.5
+    epochs = 1 + int(4 * JOB_TIMEOUT_S / (STEPS_PER_EPOCH * step_s))
+    extra = [*unseeded, "--epochs", str(epochs), "--data_dir", str(fashion_root),
+             "--trainer.callbacks+=tests.recorder.SlowSteps", f"--trainer.callbacks.seconds={step_s}",
+             "--trainer.callbacks.mark_at=2"]
     script = folder / "sweep.sbatch"
     script.write_text(sbatch_script(extra, array="1-2"))
     submitted = slurm.run("sbatch", "--parsable", "--chdir", str(folder), "--output", str(folder / "task-%a.out"),
