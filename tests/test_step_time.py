@@ -40,7 +40,7 @@ def run(tmp_path, fashion_root, *extra, strategy="ddp") -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("Step time (")]
     assert len(lines) == EPOCHS, result.stdout
-    sums, slowest = {}, []
+    sums, slowest, lead_s = {}, [], []
     rows = read_rows(run_dir(tmp_path) / "metrics.csv")
     for row in rows:
         for key, text in row.items():
@@ -48,10 +48,13 @@ def run(tmp_path, fashion_root, *extra, strategy="ddp") -> dict:
                 sums[key] = sums.get(key, 0.0) + float(text)
         if row.get("time/slowest_rank"):
             slowest.append((int(float(row["time/slowest_rank"])), float(row["time/slowest_lead"])))
+            busy = [sum(float(row[f"time/{part}/rank{rank}"]) for part in PARTS) - float(row[f"time/wait/rank{rank}"])
+                    for rank in (0, 1)]
+            lead_s.append(slowest[-1][1] * sum(busy) / 2)  # the lead in seconds: over the median (of 2: the mean)
     parts = {rank: {part: sums[f"time/{part}/rank{rank}"] for part in PARTS} for rank in (0, 1)}
     windows = [row for row in rows if row.get("window/wait/rank0")]
-    return {"parts": parts, "slowest": slowest, "lines": lines, "wall": {r: sum(p.values()) for r, p in parts.items()},
-            "windows": windows}
+    return {"parts": parts, "slowest": slowest, "lead_s": lead_s, "lines": lines, "windows": windows,
+            "wall": {r: sum(p.values()) for r, p in parts.items()}}
 
 
 def test_a_rank_slower_by_a_known_delay_makes_the_other_wait_that_long(tmp_path, fashion_root):
@@ -94,7 +97,10 @@ def test_a_slower_all_reduce_shows_as_comm_on_both_ranks_and_no_straggler(tmp_pa
     for rank in (0, 1):
         assert slow["parts"][rank]["comm"] - clean["parts"][rank]["comm"] == pytest.approx(expected, rel=0.2), \
             (rank, clean, slow)
-    assert all(lead <= 0.05 for _, lead in slow["slowest"]), slow  # no straggler: a slow link slows every rank
+    # no straggler: a slow link slows every rank alike, so no rank's lead holds a fifth of the epoch's delay. In
+    # seconds, not as a share of the step: load stretches each rank's few ms of own work a step, not the delay (with
+    # a CPU hog and a load average near 8: a lead of 7 %, 0.19 s, at a delay of 0.5 s)
+    assert all(seconds < 0.2 * expected / EPOCHS for seconds in slow["lead_s"]), slow
 
 
 def test_under_fsdp_its_collectives_are_comm_and_a_slower_rank_makes_the_other_wait_that_long(tmp_path, fashion_root):
