@@ -200,18 +200,32 @@ class NonFiniteGradient(Callback):
 class SlowSteps(Callback):
     """Each training batch takes at least ``seconds``; from optimizer step ``mark_at`` on, rank 0 writes
     ``$SAMPLE_RECORD_DIR/step`` (the step number), so a test knows training is under way before it signals. In a
-    SLURM job array: ``step-<task id>-<start>``, start 0 and then 1 for a requeued start."""
+    SLURM job array: ``step-<task id>-<start>``, start 0 and then 1 for a requeued start.
 
-    def __init__(self, seconds: float = 0.2, mark_at: int = 1) -> None:
+    ``hold_s`` > 0: in the first start (not a requeued one), every rank stops at step ``mark_at`` until its process
+    has received SIGINT, SIGTERM or SIGUSR1 (at most ``hold_s``), so a test's signal lands in training however long
+    it takes to send; the ranks then stop at the next decision point."""
+
+    def __init__(self, seconds: float = 0.2, mark_at: int = 1, hold_s: float = 0.0) -> None:
         self.seconds = seconds
         self.mark_at = mark_at
+        self.hold_s = hold_s
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         time.sleep(self.seconds)
-        if trainer.is_global_zero and trainer.global_step >= self.mark_at:
+        if trainer.global_step < self.mark_at:
+            return
+        start = os.environ.get("SLURM_RESTART_COUNT", "0")
+        if trainer.is_global_zero:
             task = os.environ.get("SLURM_ARRAY_TASK_ID")
-            name = f"step-{task}-{os.environ.get('SLURM_RESTART_COUNT', '0')}" if task else "step"
+            name = f"step-{task}-{start}" if task else "step"
             (Path(os.environ["SAMPLE_RECORD_DIR"]) / name).write_text(str(trainer.global_step))
+        if self.hold_s > 0 and start == "0":
+            from fashion_mnist_dp.runtime.signals import installed
+
+            handlers, deadline = installed(), time.monotonic() + self.hold_s
+            while handlers is not None and not any(handlers.received) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 class BreakCheckpointFolder(Callback):
@@ -453,6 +467,15 @@ class SigtermAt(Callback):
         for pid_file in sorted(self.record.glob("pid*")):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
         time.sleep(0.5)
+
+
+class AlignedStart(Callback):
+    """The ranks leave ``on_train_start`` together (a barrier after the hooks of the callbacks listed before it).
+    Rank 0's own start-up work there (the start block, the run's files) otherwise puts it 0.1-0.3 s behind or ahead
+    of rank 1 at the first step, by an amount load changes, and the first step's wait holds that skew."""
+
+    def on_train_start(self, trainer, pl_module):
+        trainer.strategy.barrier("aligned_start")
 
 
 class SlowRank(Callback):

@@ -3,7 +3,6 @@ to the newest valid one, a failed save exits 73 naming the path, and a finished 
 
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -66,11 +65,9 @@ def test_flipped_bytes_in_a_checkpoint_exit_66_with_its_path(trained, tmp_path, 
     folder = copy_of(trained, tmp_path)
     last = folder / "last.ckpt"
     flip_bytes(last, last.stat().st_size // 2)  # inside the tensor payload: torch.load alone would accept it
-    started = time.monotonic()
     result = run_train(["--data_dir", str(fashion_root), "--network", "mlp", "--epochs", "3", "--ckpt_path",
                         str(last)], cwd=tmp_path, timeout=TIMEOUT_S)
     assert result.returncode == CORRUPT, result.stderr[-3000:]
-    assert time.monotonic() - started < 60
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and str(last) in errors[0] and "sha256" in errors[0], result.stderr[-2000:]
     assert "Traceback" not in result.stderr and "Epoch" not in result.stdout

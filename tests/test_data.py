@@ -1,7 +1,6 @@
 """Fashion-MNIST files: where they are looked for, what a missing file says, and how batches are served."""
 
 import shutil
-import time
 
 import pytest
 
@@ -44,24 +43,19 @@ def test_unreadable_file_or_folder_gives_one_line_exit_65(shared_tmp, fashion_ro
 
 @pytest.mark.multiprocess  # asks for several ranks (refused before they start)
 def test_damaged_file_stops_a_ddp_launch_before_any_worker_starts(workdir, damaged_copy):
-    """The check runs in the launching process: exit 65, no rank ever started, nothing written.
-
-    About 8 s end to end on a busy 2-core machine, nearly all of it importing torch, torchvision
-    and Lightning; hence the looser bound here than in the in-process test above.
-    """
+    """The check runs in the launching process: exit 65, no rank ever started (no "Initializing distributed"
+    line, which every rank prints as it joins), nothing written. About 8 s end to end on a busy 2-core machine, nearly
+    all of it importing torch, torchvision and Lightning: the timeout only keeps a hang from lasting."""
     path = damaged_copy / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte"
     path.write_bytes(path.read_bytes()[:-1])
-    started = time.monotonic()
     result = run_train(["--strategy", "ddp", "--accelerator", "cpu", "--devices", "2", "--data_dir", str(damaged_copy)],
                        cwd=workdir, timeout=60)
-    elapsed = time.monotonic() - started
     assert result.returncode == 65, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("train.py: error:")]
     assert errors == [f"train.py: error: {path.resolve()}: truncated: 263 bytes, expected 264 (8-byte header + 256); "
                       "replace it with a good copy (or delete it and rerun with network to download it again)"]
     assert "Traceback" not in result.stderr and "Initializing distributed" not in result.stderr
     assert not (workdir / "runs").exists()
-    assert elapsed < 30, f"took {elapsed:.1f} s"
 
 
 @pytest.mark.multiprocess  # asks for several ranks (refused before they start)

@@ -65,10 +65,14 @@ def test_prints_one_workshop_line_per_epoch(first_run):
 def test_training_time_excludes_validation(first_run):
     cwd, _ = first_run
     found = scalars(run_dir(cwd))
+    # Each validation pass (twice an epoch: mid-epoch and at its end) sleeps VALIDATION_SLEEP_S. Counted, the one
+    # mid-epoch would sit in the data wait (between two batches) and the last in the epoch's time after its last
+    # batch: each of those stays below one pass's sleep, however slow the steps themselves (compute) are under load.
     for step_epoch_s, step_data, step_compute in zip(found["time/epoch_s"], found["time/data_wait_s"], found["time/compute_s"]):
-        epoch_s = step_epoch_s[1]
-        assert epoch_s < VALIDATION_SLEEP_S  # each validation pass sleeps that long
-        assert epoch_s == pytest.approx(step_data[1] + step_compute[1], abs=0.25)
+        epoch_s, data_wait_s, compute_s = step_epoch_s[1], step_data[1], step_compute[1]
+        after_last_batch_s = epoch_s - data_wait_s - compute_s
+        assert data_wait_s < VALIDATION_SLEEP_S, (epoch_s, data_wait_s, compute_s)
+        assert -1e-4 < after_last_batch_s < VALIDATION_SLEEP_S, (epoch_s, data_wait_s, compute_s)  # float32 events
     assert found["time/cumulative_s"][-1][1] == pytest.approx(sum(v for _, v in found["time/epoch_s"]), rel=1e-5)
 
 
