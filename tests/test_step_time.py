@@ -21,7 +21,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 
 from callbacks.run_record import read_rows
 from callbacks.step_time import PARTS
-from tests.conftest import experiment_dir, run_dir, run_train
+from tests.conftest import run_dir, run_train
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.alone]
 

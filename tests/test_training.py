@@ -14,7 +14,7 @@ from callbacks.flops import si, training_flops
 from callbacks.run_record import read_epochs, read_rows
 from lightning_modules.networks import SmallCNN
 from tests.epoch_lines import epoch_mfus, parse_epoch_lines
-from tests.conftest import run_train, experiment_dir, run_dir
+from tests.conftest import run_dir, run_train
 
 
 def scalars(log_dir):
