@@ -38,7 +38,7 @@ def test_every_candidate_a_session_stage_names_is_one_and_the_cheaper_networks_h
 
     from benchmarks.gpu_record import NarrowGpuCNN, PoolFirstGpuCNN
 
-    script = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh").read_text()
+    script = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_checks.sh").read_text()
     named = re.findall(r'"((?:gpu_cnn|narrow|pool-first|staged_cnn) [^"]*)"', script)
     assert len(named) >= 6 and [name for name in named if name not in CANDIDATES] == []  # a typo: silently not run
     network = NarrowGpuCNN(widths=(56, 112, 224))
