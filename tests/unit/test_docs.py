@@ -47,3 +47,14 @@ def test_reliability_md_names_every_run_safety_callback_the_start_block_knows():
     table = (REPO / "docs" / "reliability.md").read_text().split("## Who carries each guarantee", 1)[1].split("\n## ")[0]
     listed = set(re.findall(r"`fashion_mnist_dp\.runtime\.(\w+)`", table))
     assert {kind.__name__ for kind in SAFETY} <= listed, listed
+
+
+def test_make_bench_rewrites_its_section_of_the_results_page():
+    """`make bench` (benchmarks/speed.py --write) replaces the text between its two markers; without them it would
+    append a second section at the page's end. The results page holds each marker once, begin before end."""
+    from benchmarks import speed
+
+    assert speed.DOC == REPO / "docs" / "results.md"
+    text = speed.DOC.read_text()
+    assert text.count(speed.BEGIN) == 1 and text.count(speed.END) == 1
+    assert text.index(speed.BEGIN) < text.index(speed.END)
