@@ -2,7 +2,7 @@
 
     FASHION_MNIST_DIR=<data> python -m benchmarks.gpu_record --summary record.md --choice choice.sh [--budget 240]
 
-GPU time is often counted in minutes, and a fresh ``train.py`` spends ~15 s starting; so each candidate of :data:`CANDIDATES`
+GPU time is often counted in minutes, and a fresh ``train.py`` spends ~15 s starting; so each of :data:`CANDIDATES`
 runs through ``train.main`` in this process (seed 42 unless ``--seed``, 10,000 training images held out as the
 validation split, no test), and the one to measure is chosen on that split alone (airbench's rules: the test split
 is never looked at to choose). For each target, the fastest candidate by training time less the first step (which
