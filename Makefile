@@ -62,7 +62,7 @@ test-cluster: $(STAMP)  ## the cluster tier only (tests/cluster): a real SLURM o
 # Extra flags for the benchmark, e.g. make bench BENCH_ARGS="--network fast --repeats 5"
 BENCH_ARGS ?=
 
-bench: $(STAMP)  ## speed A/B, host time per step, breakdown cost (needs FASHION_MNIST_DIR); rewrites a section of docs/benchmarks.md
+bench: $(STAMP)  ## speed A/B, host time per step, breakdown cost (needs FASHION_MNIST_DIR); rewrites a section of docs/results.md
 	$(BIN)/python -m benchmarks.speed --write $(BENCH_ARGS)
 	$(BIN)/python -m benchmarks.host_time --profile
 	$(BIN)/python -m benchmarks.step_time_cost

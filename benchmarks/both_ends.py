@@ -1,11 +1,11 @@
 """The speed ratios of `make bench` (b/a, b/c of benchmarks.speed) on two installs at once: the oldest supported
-torch and Lightning against the newest (issue 52), the two interpreters taking turns in one sitting.
+torch and Lightning against the newest, the two interpreters taking turns in one sitting.
 
     FASHION_MNIST_DIR=$PWD/../shared/data python -m benchmarks.both_ends --oldest .venv-oldest/bin/python \\
         --newest .venv/bin/python [--rounds 8]
 
 benchmarks.speed run once per environment gave ratios that moved 3-14 % between two runs of the same environment
-(docs/benchmarks.md), because the machine's speed drifts over minutes. Here each round runs a, b and c once under each
+(docs/lab/speed.md), because the machine's speed drifts over minutes. Here each round runs a, b and c once under each
 interpreter (a fresh process each, an untimed bare loop first; the order of the interpreters, and of a, b, c,
 alternates round by round), each round's ratios come from measurements made within the same minute, and the medians
 over the rounds are compared. Both interpreters run this checkout's code (cwd first on ``sys.path``); only torch,

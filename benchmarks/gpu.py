@@ -1,4 +1,4 @@
-"""GPU figures for docs/benchmarks.md: what the fast path gives on one CUDA GPU.
+"""GPU figures for docs/lab/gpu.md: what the fast path gives on one CUDA GPU.
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu table      # bare loop by batch size, fp32 and bf16
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.gpu options    # train.py's speed options, steady state

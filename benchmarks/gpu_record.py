@@ -1,8 +1,8 @@
-"""The GPU records' search, on held-out images, in one process (``bash benchmarks/gpu_session.sh record``).
+"""The GPU records' search, on held-out images, in one process (``bash benchmarks/gpu_checks.sh record``).
 
     FASHION_MNIST_DIR=<data> python -m benchmarks.gpu_record --summary record.md --choice choice.sh [--budget 240]
 
-A device lease is minutes, and a fresh ``train.py`` spends ~15 s starting; so each candidate of :data:`CANDIDATES`
+GPU time is often counted in minutes, and a fresh ``train.py`` spends ~15 s starting; so each of :data:`CANDIDATES`
 runs through ``train.main`` in this process (seed 42 unless ``--seed``, 10,000 training images held out as the
 validation split, no test), and the one to measure is chosen on that split alone (airbench's rules: the test split
 is never looked at to choose). For each target, the fastest candidate by training time less the first step (which
@@ -36,7 +36,7 @@ POOL_FIRST = ["--model.network", "benchmarks.gpu_record.PoolFirstGpuCNN"]
 class NarrowGpuCNN(nn.Sequential):
     """A candidate for 94 % in 2 s: gpu_cnn's three stages at other widths. The arithmetic goes with the square of
     the width: 48/96/192 is 0.56 of gpu_cnn's per image. On held-out images it lost more accuracy than
-    PoolFirstGpuCNN, which is cheaper (docs/benchmarks.md); kept as the stage's one point of GPU time per
+    PoolFirstGpuCNN, which is cheaper (docs/lab/recipes.md); kept as the stage's one point of GPU time per
     multiply-add at gpu_cnn's block order."""
 
     def __init__(self, num_classes: int = 10, widths: Tuple[int, int, int] = (48, 96, 192)) -> None:
@@ -149,7 +149,7 @@ def main(argv=None) -> None:
                 continue
             try:
                 result = run_in_process([*HELD_OUT, *[f.format(mode=mode) for f in flags], *extra], opts.seed)
-            except (Exception, SystemExit) as error:  # a candidate that fails is a row, not the end of the lease
+            except (Exception, SystemExit) as error:  # a candidate that fails is a row, not the end of the search
                 result = {"error": f"{type(error).__name__}: {error}"[:200]}
             results[name] = {**result, "key": key, "flags": [f.format(mode=mode) for f in flags]}
             if "error" in result:

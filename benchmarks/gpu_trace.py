@@ -23,7 +23,7 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchr
 RANGES = ("forward", "backward", "optimizer")
 NETWORK, BATCH, START, STEPS = "wrn", 128, 70, 20
 TRAIN_SUBSET = 8192  # 64 steps an epoch: the window in epoch 2
-LR = 0.01  # wrn diverged by step 15 at the then default 0.05 (benchmarks.md)
+LR = 0.01  # wrn diverged by step 15 at the then default 0.05 (docs/lab/gpu.md)
 
 
 class ProfiledWindow(Callback):

@@ -1,7 +1,7 @@
 """The plain loop the CPU records are measured against: what a competent user writes without this project, a
 two-conv-layer CNN with batch norm trained in memory, in fp32 and NCHW, by AdamW with a one-cycle schedule, random
 horizontal flips and label smoothing, 5 epochs at batch 128. Its training time on a machine is the budget of
-configs/recipes/record_cpu.yaml there (docs/benchmarks.md, "The 94 % CPU record").
+configs/recipes/record_cpu.yaml there (docs/results.md; the series: docs/lab/recipes.md).
 
     FASHION_MNIST_DIR=../shared/data python -m benchmarks.plain_loop [--seed 42] [--json FILE]
 

@@ -5,7 +5,7 @@ epochs (2..) from each run's metrics.csv; the median of the pairs' on/off ratios
     ... --accelerator gpu --devices 1 [--precision bf16-mixed]    # on a GPU: ddp on one device, hooks and events on
 
 On and off are ``--breakdown true`` and ``--breakdown false``; ``--on=FLAGS --off=FLAGS`` times any other two
-variants the same way (benchmarks/gpu_session.sh, stage ema).
+variants the same way (benchmarks/gpu_checks.sh, stage ema).
 """
 
 import argparse

@@ -1,6 +1,7 @@
 """The run's report in one callback: its record (hparams.yaml, metrics.csv at every checkpoint), the epoch line with
-images/sec, FLOP/s and where each rank's step time goes, memory, time to accuracy, the test's pictures and
-predict's rows, each step's learning rates, and validation placed so that an epoch's last share ends with its last batch (docs/reporting.md)."""
+images/sec, FLOP/s and where each rank's step time goes, memory, time to accuracy, the test's pictures and predict's
+rows, each step's learning rates, and validation placed so that an epoch's last share ends with its last batch
+(docs/reporting.md)."""
 
 from typing import List, Optional
 

@@ -53,3 +53,29 @@ def test_reliability_md_names_every_run_safety_callback_the_start_block_knows():
     listed = set(re.findall(r"`fashion_mnist_dp\.runtime\.(\w+)`|^\| (?:`RunSafety`'s|its) (\w+)", table, re.M))
     listed = {name for pair in listed for name in pair if name}
     assert {kind.__name__ for kind in SAFETY} <= listed, listed
+
+
+def test_make_bench_rewrites_its_section_of_the_results_page():
+    """`make bench` (benchmarks/speed.py --write) replaces the text between its two markers; without them it would
+    append a second section at the page's end. The results page holds each marker once, begin before end."""
+    from benchmarks import speed
+
+    assert speed.DOC == REPO / "docs" / "results.md"
+    text = speed.DOC.read_text()
+    assert text.count(speed.BEGIN) == 1 and text.count(speed.END) == 1
+    assert text.index(speed.BEGIN) < text.index(speed.END)
+
+
+def test_no_user_facing_text_names_how_the_project_was_built():
+    """What users read (README, docs/ with its lab record, configs/, the product's, benchmarks' and experiments'
+    code) speaks of the product: no internal goal, period of work, borrowed machine or tracker number. A process
+    session (benchmarks/launch.py starts each job in one) is the one technical sense allowed."""
+    words = re.compile(r"\b(goals?|leases?|lent|sessions?)\b|\bissues? #?\d+|\(issue\b", re.I)
+    technical = re.compile(r"(new|own|its|a) session|session of its own|whatever its session|setsid", re.I)
+    files = [REPO / "README.md", REPO / "train.py", *REPO.glob("docs/**/*.md"), *REPO.glob("configs/**/*.yaml"),
+             *(path for folder in ("callbacks", "fashion_mnist_dp", "lightning_modules", "datamodules", "benchmarks",
+                                   "experiments") for path in (REPO / folder).rglob("*.py"))]
+    found = [f"{path.relative_to(REPO)}:{number}: {line.strip()[:100]}" for path in files
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if words.search(technical.sub("", line))]
+    assert not found, "\n".join(found)

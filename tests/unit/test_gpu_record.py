@@ -29,7 +29,7 @@ def test_the_search_holds_out_a_validation_split_reads_no_test_and_keeps_one_bat
         assert (target, seconds) in ((0.94, 2.0), (0.95, 15.0))
 
 
-def test_every_candidate_a_session_stage_names_is_one_and_the_cheaper_networks_have_the_widths_they_are_given():
+def test_every_candidate_a_gpu_checks_stage_names_is_one_and_the_cheaper_networks_have_the_widths_they_are_given():
     import re
     from pathlib import Path
 
@@ -38,7 +38,7 @@ def test_every_candidate_a_session_stage_names_is_one_and_the_cheaper_networks_h
 
     from benchmarks.gpu_record import NarrowGpuCNN, PoolFirstGpuCNN
 
-    script = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh").read_text()
+    script = (Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_checks.sh").read_text()
     named = re.findall(r'"((?:gpu_cnn|narrow|pool-first|staged_cnn) [^"]*)"', script)
     assert len(named) >= 6 and [name for name in named if name not in CANDIDATES] == []  # a typo: silently not run
     network = NarrowGpuCNN(widths=(56, 112, 224))

@@ -1,6 +1,7 @@
 #!/bin/bash
-# The checks that need a GPU, as one prepared device run (the device tool: ../.library/device/README.md). The device
-# image has torch, lightning, tensorboard, torchmetrics and pytest, not these wheels or the data; prepare both here:
+# The checks that need a GPU, as one prepared run on a machine with one CUDA GPU that may have no network (a cluster's
+# compute node, a cloud GPU rented by the minute). Its image needs torch, lightning, tensorboard, torchmetrics and
+# pytest; bring the other wheels and the data along, prepared on a machine that has the network:
 #
 #   echo /.gpu/ >> .git/info/exclude && mkdir -p .gpu/whl .gpu/data/FashionMNIST/raw
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -8,47 +9,47 @@
 #       typeshed_client==2.15.0 torch-optimizer==0.3.0 pytorch-ranger==0.1.1 HolisticTraceAnalysis==0.5.0 plotly==7.1.0
 #   for f in ../shared/data/FashionMNIST/raw/*; do gzip -c $f > .gpu/data/FashionMNIST/raw/$(basename $f).gz; done
 #
-# then run with carry [".gpu"], one or more stages per call (a call must end inside the device's 10-minute limit); each
-# stage has a hard timeout of its own (seconds below), so that the first three fit 15 minutes of device time:
-#   bash benchmarks/gpu_session.sh tests     # 120 s: GPU-only tests: sync-free step (breakdown on), CudaEvents, dp,
-#                                            #   fast path
-#   bash benchmarks/gpu_session.sh p1        # 300 s: host time per step on the GPU (benchmarks/host_time.py): bare loop
-#                                            #   and train.py, cnn at batch 128 and 512, fp32 and bf16-mixed; the four
-#                                            #   rows of the host-time table at batch 128 fp32
-#   bash benchmarks/gpu_session.sh windows   # 240 s: the breakdown's cost in one process, 20 + 20 alternating windows
-#                                            #   of 200 steps, sampled on / paused, fp32 and bf16 (breakdown_windows.py)
-#   bash benchmarks/gpu_session.sh syncs     # = trace below: synchronising CUDA calls, breakdown on and off
-# and, when a GPU is lent again:
-#   bash benchmarks/gpu_session.sh compile   # 480 s: torch.compile (default, reduce-overhead) against eager, cnn and
-#                                            #   gpu_cnn, compile time in the first step, TORCH_LOGS=recompiles
-#   bash benchmarks/gpu_session.sh record    # 540 s: the GPU records (94 % in <= 2 s, 95 % in <= 15 s): candidates on
-#                                            #   fast_gpu.yaml chosen on held-out images in one process
-#                                            #   (benchmarks/gpu_record.py, 160 s; took 95 s on an H200), then each
-#                                            #   target's choice over 5 seeds in fresh processes with the test split
-#                                            #   (recipe_runs, 150 s and 220 s: a run took 23-29 s and 40-42 s there)
-#   bash benchmarks/gpu_session.sh graphs    # 150 s: the search's CUDA-graph candidates alone (compile reduce-overhead)
-#   bash benchmarks/gpu_session.sh narrow    # 160 s + 180 s a choice: 94 % in 2 s with cheaper networks
-#                                            #   (benchmarks/gpu_record.py's PoolFirstGpuCNN, NarrowGpuCNN) timed
-#                                            #   against gpu_cnn 8 ep in one search, then pool-first 12 ep (chosen on
-#                                            #   a CPU) over 5 seeds, and the search's choice if it differs
-#   bash benchmarks/gpu_session.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
-#   bash benchmarks/gpu_session.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
-#   bash benchmarks/gpu_session.sh cost16    # the same in bf16-mixed
-#   bash benchmarks/gpu_session.sh mfu       # 330 s: MFU of the default recipe (fp32, 3 epochs), fast_gpu.yaml and
-#                                            #   record_gpu.yaml, the breakdown on (which part bounds each): their
-#                                            #   start-block FLOPs and peak, epoch lines and step-time lines
-#   bash benchmarks/gpu_session.sh recorder  # 300 s: NCCL's flight recorder: images/sec with it on (train.py's default)
-#                                            #   and off, interleaved pairs, cnn at batch 128 and gpu_cnn at 1000
-#                                            #   (ddp, 1 GPU); a hang made on purpose (benchmarks/nccl_hang.py) and
-#                                            #   fr_trace reading its dump
-#   bash benchmarks/gpu_session.sh ema       # callbacks.WeightEMA against Lightning's EMAWeightAveraging (which reads
-#                                            # its update count from the device every step), 10 pairs, same decay
+# then copy the checkout with .gpu/ to the GPU machine and run one or more stages per call; each stage has a hard
+# timeout of its own (seconds below), so that the first three fit in 15 minutes of GPU time:
+#   bash benchmarks/gpu_checks.sh tests     # 120 s: GPU-only tests: sync-free step (breakdown on), CudaEvents, dp,
+#                                           #   fast path
+#   bash benchmarks/gpu_checks.sh p1        # 300 s: host time per step on the GPU (benchmarks/host_time.py): bare loop
+#                                           #   and train.py, cnn at batch 128 and 512, fp32 and bf16-mixed; the four
+#                                           #   rows of the host-time table at batch 128 fp32
+#   bash benchmarks/gpu_checks.sh windows   # 240 s: the breakdown's cost in one process, 20 + 20 alternating windows
+#                                           #   of 200 steps, sampled on / paused, fp32 and bf16 (breakdown_windows.py)
+#   bash benchmarks/gpu_checks.sh syncs     # = trace below: synchronising CUDA calls, breakdown on and off
+# and the longer stages:
+#   bash benchmarks/gpu_checks.sh compile   # 480 s: torch.compile (default, reduce-overhead) against eager, cnn and
+#                                           #   gpu_cnn, compile time in the first step, TORCH_LOGS=recompiles
+#   bash benchmarks/gpu_checks.sh record    # 540 s: the GPU records (94 % in <= 2 s, 95 % in <= 15 s): candidates on
+#                                           #   fast_gpu.yaml chosen on held-out images in one process
+#                                           #   (benchmarks/gpu_record.py, 160 s; took 95 s on an H200), then each
+#                                           #   target's choice over 5 seeds in fresh processes with the test split
+#                                           #   (recipe_runs, 150 s and 220 s: a run took 23-29 s and 40-42 s there)
+#   bash benchmarks/gpu_checks.sh graphs    # 150 s: the search's CUDA-graph candidates alone (compile reduce-overhead)
+#   bash benchmarks/gpu_checks.sh narrow    # 160 s + 180 s a choice: 94 % in 2 s with cheaper networks
+#                                           #   (benchmarks/gpu_record.py's PoolFirstGpuCNN, NarrowGpuCNN) timed
+#                                           #   against gpu_cnn 8 ep in one search, then pool-first 12 ep (chosen on
+#                                           #   a CPU) over 5 seeds, and the search's choice if it differs
+#   bash benchmarks/gpu_checks.sh trace     # sync calls in a profiled window, breakdown on/off; its split against HTA
+#   bash benchmarks/gpu_checks.sh cost      # the breakdown's cost, fp32: 10 interleaved on/off pairs
+#   bash benchmarks/gpu_checks.sh cost16    # the same in bf16-mixed
+#   bash benchmarks/gpu_checks.sh mfu       # 330 s: MFU of the default recipe (fp32, 3 epochs), fast_gpu.yaml and
+#                                           #   record_gpu.yaml, the breakdown on (which part bounds each): their
+#                                           #   start-block FLOPs and peak, epoch lines and step-time lines
+#   bash benchmarks/gpu_checks.sh recorder  # 300 s: NCCL's flight recorder: images/sec with it on (train.py's default)
+#                                           #   and off, interleaved pairs, cnn at batch 128 and gpu_cnn at 1000
+#                                           #   (ddp, 1 GPU); a hang made on purpose (benchmarks/nccl_hang.py) and
+#                                           #   fr_trace reading its dump
+#   bash benchmarks/gpu_checks.sh ema       # callbacks.WeightEMA against Lightning's EMAWeightAveraging (which reads
+#                                           # its update count from the device every step), 10 pairs, same decay
 # Timing on an H200 (2026-11-26): tests 10 s; each train.py run of trace and cost about 20 s, so a cost stage takes
-# 40 s per pair (PAIRS=6: 4 min). A 15-minute lease holds the start, tests, trace and one cost or ema stage at 10 pairs.
-# Everything it prints is also written under $OUT. The figures go to docs/reporting.md and docs/benchmarks.md with
-# the machine and the torch version it names (the image's torch may be older than setup.cfg's floor: say so).
+# 40 s per pair (PAIRS=6: 4 min). 15 minutes of GPU time hold the start, tests, trace and one cost or ema stage at 10
+# pairs. Everything it prints is also written under $OUT (default /tmp/gpu-checks). Quote a figure with the machine
+# and the torch version it prints (an image's torch may be older than setup.cfg's floor: say so).
 set -u -o pipefail
-out=${OUT:-/tmp/gpu-session}
+out=${OUT:-/tmp/gpu-checks}
 data=/tmp/fashion-mnist  # unpacked outside the tree: the carried copy stays small
 mkdir -p "$out" /tmp/site $data/FashionMNIST/raw
 python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/site .gpu/whl/*.whl || exit 1
@@ -94,7 +95,7 @@ for stage in "${@:-tests}"; do
                     "pool-first 64/128/256, 8 ep, {mode}" "pool-first 64/128/256, 10 ep, {mode}" \
                     "pool-first 64/128/256, 12 ep, {mode}" > "$out/narrow-log.txt" 2>&1
                 cat "$out/narrow.md"
-                # First the choice made on a CPU, on held-out images over seeds (docs/benchmarks.md, "Chosen on a
+                # First the choice made on a CPU, on held-out images over seeds (docs/lab/recipes.md, "Chosen on a
                 # CPU"), then the search's own if it differs (one seed, on this GPU)
                 chosen=$(python3 -c "from benchmarks.gpu_record import CANDIDATES; print(' '.join(f.format(
                     mode='false') for f in CANDIDATES['pool-first 64/128/256, 12 ep, {mode}'][2]))")
@@ -145,7 +146,7 @@ RUNS
                  --on="--trainer.callbacks+=callbacks.WeightEMA" \
                  --off="--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging --trainer.callbacks.decay 0.99" \
                  2>&1 | tee "$out/ema.txt" ;;
-        *) echo "gpu_session.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record," \
+        *) echo "gpu_checks.sh: unknown stage ${stage}: give tests, p1, windows, syncs, trace, compile, record," \
                 "graphs, narrow, cost, cost16, mfu, recorder or ema" >&2; exit 2 ;;
     esac
 done
