@@ -9,7 +9,7 @@ each in its own process, run in interleaved order (a, b, c, d, then d, c, b, a, 
 
   bare:       a PyTorch loop (forward, loss, backward, SGD step) over batches already in memory;
   lightning:  the same in a minimal LightningModule under a plain ``Trainer`` (no logger, checkpoint, bar, summary);
-  reference:  the same + as many no-op callbacks as a default run holds (10) + a ``CSVLogger``: what train.py's
+  reference:  the same + as many no-op callbacks as a default run holds (9) + a ``CSVLogger``: what train.py's
               own per-step work costs beyond Lightning's, each callback's hooks dispatched by Lightning in both;
   train.py:   ``python train.py --network mlp --model.network.init_args.hidden 8`` (configs/default.yaml, every
               callback on), on the Fashion-MNIST files of ``$FASHION_MNIST_DIR``.
@@ -37,8 +37,8 @@ from benchmarks import launch
 from benchmarks.tables import markdown_table, median_range
 
 HIDDEN, SKIP, STEPS, EPOCH, TRAIN_IMAGES = 8, 20, 400, 1, 60000
-# a default run's trainer.callbacks at setup: default.yaml's 7 and the 3 the CLI and Lightning add
-DEFAULT_CALLBACKS = 10
+# a default run's trainer.callbacks at setup: default.yaml's 6 and the 3 the CLI and Lightning add
+DEFAULT_CALLBACKS = 9
 SUB_WINDOW = 50  # steps: each holds one decision point (check_every_n_steps) and one log step
 ROWS = ("bare", "lightning", "reference", "train.py")
 TARGET = 1.25  # train.py / reference: the bar this benchmark reports against (docs/lab/speed.md)

@@ -188,3 +188,20 @@ def test_gpu_cnn_spends_six_times_the_cnn_work_on_width():
     assert 5.5 < multiply_adds(wide) / multiply_adds(cnn) < 6.5
 
 
+
+
+def test_the_models_plain_attributes_set_directly_and_its_parameters_buffers_and_modules_still_registered():
+    """The classifier stores a plain value for an attribute it holds without nn.Module's table checks; everything
+    else goes through them: a new parameter, buffer or submodule is registered and in state_dict as before."""
+    model = classifier("mlp")
+    model.some_name = "training_step"  # a new name: nn.Module's own path
+    model.some_name, model.count = "validation_step", 3
+    assert (model.some_name, model.count) == ("validation_step", 3) and "some_name" in vars(model)
+    model.scale = nn.Parameter(torch.ones(2))
+    model.register_buffer("seen", torch.zeros(1))
+    model.seen = torch.ones(1)
+    model.head = nn.Linear(2, 2)
+    names = set(model.state_dict())
+    assert {"scale", "seen", "head.weight"} <= names and "scale" not in vars(model) and "head" not in vars(model)
+    model.head = None  # None for a submodule: nn.Module keeps the name as a module slot
+    assert "head" in model._modules and model._modules["head"] is None and "head" not in vars(model)
