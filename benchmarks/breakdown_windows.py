@@ -36,9 +36,10 @@ class AlternatingWindows(Callback):
         self._steps = 0
 
     def _report(self, trainer):
+        from callbacks.owner import find
         from callbacks.throughput import ThroughputReport
 
-        return next(c for c in trainer.callbacks if isinstance(c, ThroughputReport))
+        return find(trainer.callbacks, ThroughputReport)
 
     def _sync(self, trainer) -> None:
         import torch

@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_only
 from torch.utils.tensorboard.summary import hparams as tensorboard_hparams
 
+from callbacks.owner import each
 from lightning_modules.lr_policy import describe_run
 
 FILE_NAME = "metrics.csv"
@@ -244,8 +245,9 @@ class RunRecord(Callback):
         params.update(plan.as_dict() if plan is not None else {})
         params.update(asdict(rates) if rates is not None else {})
         params.update(describe_run(trainer))
-        report = next((c for c in trainer.callbacks if hasattr(c, "device_use")), None)  # ThroughputReport's setup
-        params.update(report.device_use.params() if report is not None else {})  # counted its FLOPs and peak
+        # ThroughputReport's setup counted its FLOPs and peak
+        report = next((c for c in each(trainer.callbacks) if hasattr(c, "device_use")), None)
+        params.update(report.device_use.params() if report is not None else {})
         for logger in trainer.loggers:
             logger.log_hyperparams(params)
             if isinstance(logger, TensorBoardLogger) and trainer.is_global_zero:

@@ -14,6 +14,8 @@ from collections import Counter
 import torch
 from lightning.pytorch import Callback
 
+from callbacks.owner import each
+
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy", "to")
 counts: Counter = Counter()
 noops: Counter = Counter()  # host_noop split by call (cpu, numpy, to)
@@ -64,7 +66,7 @@ class PerBatch(Callback):
         return sum(v for k, v in counts.items() if k != "host_noop")
 
     def _agreement(self, trainer):
-        return next(c for c in trainer.callbacks if type(c).__name__ == "Agreement")
+        return next(c for c in each(trainer.callbacks) if type(c).__name__ == "Agreement")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._mark is not None:
