@@ -18,6 +18,7 @@ from fashion_mnist_dp.cli import app
 from fashion_mnist_dp.runtime import runs
 from fashion_mnist_dp.runtime.checkpoint_io import VerifiedCheckpointIO
 from fashion_mnist_dp.runtime.errors import ConfigError
+from fashion_mnist_dp.runtime.resume import resolve
 from tests.conftest import REPO, TRAIN_PY, run_train
 from tests.test_exact_resume import assert_bitwise_equal
 
@@ -217,6 +218,13 @@ def test_a_running_run_is_seen_as_such_and_never_shared(held):
     with pytest.raises(ConfigError, match=r"run .*live is running now .*: two runs never share a folder"):
         runs.hold(held, {}, wait_s=0.2)
     assert json.loads((held / runs.RECORD).read_text())["seed"] == 1  # the refused ones wrote nothing
+
+
+def test_a_plain_last_beside_a_running_run_with_nothing_saved_yet_is_ambiguous_not_empty(held):
+    """Before the running run's first checkpoint, ``last`` is as unclear as after it: exit 2, not "nothing to resume"."""
+    (held / "checkpoints" / "last.ckpt").unlink()
+    with pytest.raises(ConfigError, match=r"--ckpt_path last is ambiguous: 1 run\(s\) of .* are running now"):
+        resolve("last", [], experiment=held.parent, environ={})
 
 
 def test_a_run_whose_process_ended_is_free_again(tmp_path):

@@ -149,6 +149,7 @@ def _last_run(experiment: Path, run_name: Optional[str], legacy: Optional[Path],
     if restartable:
         return Resume(None, lines=(f"--ckpt_path last: no run of {experiment} has a checkpoint yet: starting a new "
                                    f"run{attempt}",))
+    runs.refuse_running(experiment)  # a running run saves its first checkpoint soon: which one is meant is unclear
     others = sorted(str(run.folder) for experiment_dir in Path(root or ".").absolute().glob("*")
                     if experiment_dir != experiment.absolute() for run in runs.runs_of(experiment_dir)
                     if run.newest_ns())

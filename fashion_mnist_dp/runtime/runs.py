@@ -189,14 +189,20 @@ def create(experiment: Path, base: str) -> Path:
     raise CantWriteError(f"cannot create a run folder in {experiment}: {base} and 9,999 numbered ones exist")
 
 
-def claim(experiment: Path, name: Optional[str], continued: bool, newest: bool, base: str, record: Dict) -> Path:
-    """Rank 0, before launch: the run's folder (``name``'s, continued or new, else a new one from ``base``), held.
-    ``newest``: ``last`` chose the experiment's newest run, which no running run of another job may leave in doubt."""
-    running = [f"{run.name} ({holder})" for run in runs_of(experiment) if newest and (holder := run.holder())]
+def refuse_running(experiment: Path) -> None:
+    """``last`` without a name never picks among runs of another job that are running now: one line, exit 2."""
+    running = [f"{run.name} ({holder})" for run in runs_of(experiment) if (holder := run.holder())]
     if running:
         raise ConfigError(f"--ckpt_path last is ambiguous: {len(running)} run(s) of {experiment} are running now, not "
                           f"as this job: {', '.join(running)}; resume a run that has ended with --ckpt_path last "
                           f"--run_name NAME")
+
+
+def claim(experiment: Path, name: Optional[str], continued: bool, newest: bool, base: str, record: Dict) -> Path:
+    """Rank 0, before launch: the run's folder (``name``'s, continued or new, else a new one from ``base``), held.
+    ``newest``: ``last`` chose the experiment's newest run, which no running run of another job may leave in doubt."""
+    if newest:
+        refuse_running(experiment)
     if name is None:
         folder = create(experiment, base)
     else:
