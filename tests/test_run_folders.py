@@ -220,11 +220,14 @@ def test_a_running_run_is_seen_as_such_and_never_shared(held):
     assert json.loads((held / runs.RECORD).read_text())["seed"] == 1  # the refused ones wrote nothing
 
 
-def test_a_plain_last_beside_a_running_run_with_nothing_saved_yet_is_ambiguous_not_empty(held):
-    """Before the running run's first checkpoint, ``last`` is as unclear as after it: exit 2, not "nothing to resume"."""
+def test_a_plain_last_beside_a_running_run_with_nothing_saved_yet_is_ambiguous_not_empty(held, monkeypatch):
+    """Before the running run's first checkpoint, ``last`` is as unclear as after it: exit 2, not "nothing to resume";
+    the line names the experiment as the check after a checkpoint does (below the working folder: relative)."""
     (held / "checkpoints" / "last.ckpt").unlink()
-    with pytest.raises(ConfigError, match=r"--ckpt_path last is ambiguous: 1 run\(s\) of .* are running now"):
-        resolve("last", [], experiment=held.parent, environ={})
+    monkeypatch.chdir(held.parent.parent)
+    with pytest.raises(ConfigError, match=r"--ckpt_path last is ambiguous: 1 run\(s\) of exp are running now, not as "
+                                          r"this job: live \(host "):
+        resolve("last", [], experiment=held.parent.absolute(), environ={})
 
 
 def test_a_run_whose_process_ended_is_free_again(tmp_path):

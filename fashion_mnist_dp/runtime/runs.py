@@ -193,7 +193,9 @@ def refuse_running(experiment: Path) -> None:
     """``last`` without a name never picks among runs of another job that are running now: one line, exit 2."""
     running = [f"{run.name} ({holder})" for run in runs_of(experiment) if (holder := run.holder())]
     if running:
-        raise ConfigError(f"--ckpt_path last is ambiguous: {len(running)} run(s) of {experiment} are running now, not "
+        below = os.path.relpath(experiment)  # below the working folder: as a relative root names it, whoever asks
+        shown = experiment if below.startswith("..") else below
+        raise ConfigError(f"--ckpt_path last is ambiguous: {len(running)} run(s) of {shown} are running now, not "
                           f"as this job: {', '.join(running)}; resume a run that has ended with --ckpt_path last "
                           f"--run_name NAME")
 
