@@ -16,6 +16,7 @@ from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_work
 
 BUSY = (" is already in use on this machine (another job, or a process left from one, listens on it): unset "
         "MASTER_PORT to let train.py pick a free port, or set a free one")
+STALLED = r"DataLoader timed out after (?P<waited>[0-9.]+) seconds"
 JOINED = r"Timed out after (?P<waited>\d+) seconds waiting for clients\. (?P<came>\d+)/(?P<world>\d+) clients joined"
 STUCK = (r"Timed out waiting (?P<waited_ms>\d+)ms for (?:recv|send) operation|Watchdog caught collective operation "
          r"timeout(?:.*?Timeout\(ms\)=(?P<watchdog_ms>\d+))?")
@@ -23,7 +24,7 @@ LOST = r"Connection closed by peer|Connection reset by peer|Broken pipe"
 # What torch says (a regex: named groups; ``_ms`` groups are milliseconds, shown in seconds) and the line it gets
 # (with ``who`` and ``timeout``, the collective timeout; ``waited`` is the timeout unless torch says), in this order.
 FAULTS = (
-    (r"DataLoader timed out after (?P<waited>[0-9.]+) seconds",
+    (STALLED,
      "{who}: a data loader worker delivered no batch for {waited} s (the worker stalled: stuck reading, or "
      "deadlocked); --data.num_workers 0 (the default) loads in the rank itself; if a batch can legitimately take that "
      "long, raise --data.worker_timeout (below --collective_timeout, now {timeout} s)"),
@@ -49,6 +50,12 @@ FAULTS = (
      "{who} lost its connection to another rank in a collective (that rank exited or was killed: its own output says "
      "why); resume with --ckpt_path last"),
 )
+
+
+def fault_of(error: BaseException) -> Optional[str]:
+    """Which of :data:`FAULTS` ``error`` is (its pattern: the first that matches), or None."""
+    text = one_line(error) if isinstance(error, RuntimeError) else ""
+    return next((pattern for pattern, _ in FAULTS if re.search(pattern, text)), None)
 
 
 def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional[str]:
@@ -87,21 +94,22 @@ class JobFaults(Callback):
             hangs.Watch(trainer)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if describe_fault(exception) is None:
+        fault = fault_of(exception)  # the report is about the fault that the rank's line names
+        if fault is None:
             return
-        text = one_line(exception)
-        if "DataLoader timed out after" in str(exception):  # a stalled data worker
+        if fault == STALLED:  # a data worker that delivered no batch
             exception.report = hangs.worker_report(trainer.global_rank, self.folder)
             kill_data_workers()  # else Lightning's teardown waits for the stuck worker (5 s per loader)
         elif trainer.world_size > 1:
             children = compat.launched_children(trainer)  # Lightning's launcher: local ranks 1, 2... of this node
             codes = {trainer.global_rank + i: p.poll() for i, p in enumerate(children, 1)}
             exited = {rank: code for rank, code in codes.items() if code is not None}
-            if re.search(STUCK, text) or re.search(LOST, text):
+            if fault in (STUCK, LOST):
                 agreement = next((c for c in each(trainer.callbacks) if hasattr(c, "last_point")), None)
                 exception.report = hangs.report(trainer, exception, trainer.world_size,
                                                 getattr(agreement, "last_point", None), self.folder, exited)
-            elif joined := re.search(JOINED, text):
+            elif fault == JOINED:
+                joined = re.search(JOINED, one_line(exception))
                 exception.report = hangs.join_report(trainer.world_size, int(joined["came"]), exited,
                                                      [rank for rank, code in codes.items() if code is None])
         if trainer.world_size > 1:

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from lightning.pytorch.strategies import StrategyRegistry
 
-from fashion_mnist_dp.runtime.faults import describe_fault
+from fashion_mnist_dp.runtime.faults import LOST, STUCK, describe_fault, fault_of
 from fashion_mnist_dp.runtime.lifetime import (
     DEFAULT_TIMEOUT_S,
     DISABLE_SHARED_STORE,
@@ -79,15 +79,30 @@ def test_every_ddp_and_fsdp_strategy_name_gets_the_timeout(monkeypatch):
         set_collective_timeout(timedelta(seconds=DEFAULT_TIMEOUT_S))
 
 
-@pytest.mark.parametrize("message", list(FAULTS))
-def test_each_fault_of_the_job_is_recognised_and_nothing_else(message):
+def raised(message: str):
+    """The exception class a rank saw for ``message`` (``Kind: text``), and the text."""
     import torch.distributed as dist
 
     kind, text = message.split(": ", 1)
-    error = {"DistNetworkError": dist.DistNetworkError, "DistStoreError": dist.DistStoreError}.get(kind, RuntimeError)
+    kinds = {"DistNetworkError": dist.DistNetworkError, "DistStoreError": dist.DistStoreError}
+    return kinds.get(kind, RuntimeError), text
+
+
+@pytest.mark.parametrize("message", list(FAULTS))
+def test_each_fault_of_the_job_is_recognised_and_nothing_else(message):
+    error, text = raised(message)
     assert describe_fault(error(text), rank=3).startswith(FAULTS[message])
     assert describe_fault(RuntimeError("CUDA out of memory"), rank=3) is None
     assert describe_fault(ValueError(text), rank=3) is None  # only torch's RuntimeError and its DistError kinds
+
+
+@pytest.mark.parametrize("message", list(FAULTS))
+def test_the_hang_report_follows_only_a_stuck_or_lost_collective(message):
+    """The report is about the fault the rank's line names: a gloo connect failure whose detail says the peer reset
+    the connection is no hang, and asks no rank where it is."""
+    error, text = raised(message)
+    hang = FAULTS[message].startswith(("rank 3 timed out after", "rank 3 lost its connection"))
+    assert (fault_of(error(text)) in (STUCK, LOST)) == hang
 
 
 def test_what_a_worker_reads_from_torchruns_variables():
