@@ -58,6 +58,17 @@ def test_damaged_file_stops_a_ddp_launch_before_any_worker_starts(workdir, damag
     assert not (workdir / "runs").exists()
 
 
+def test_a_run_with_data_workers_leaves_nothing_in_the_temp_folder(workdir, fashion_root):
+    """Each data worker's stack file (read by the hang report) lives in its rank's own folder, removed at exit: runs
+    on a shared node do not pile up files in /tmp, nor meet a file of another user's run with their pid."""
+    temp = workdir / "tmp"
+    temp.mkdir()
+    result = run_train(["--data_dir", str(fashion_root), "--data.num_workers", "1", "--epochs", "1",
+                        "--accelerator", "cpu"], cwd=workdir, env={"TMPDIR": str(temp)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [path.name for path in temp.iterdir() if path.name.startswith("fashion-mnist")] == []
+
+
 @pytest.mark.multiprocess  # asks for several ranks (refused before they start)
 def test_a_worker_init_fn_that_fails_in_a_worker_is_one_line_before_any_rank_starts(workdir, fashion_root):
     """It imports (os.system is a function) but raises in the worker: every process runs it in real workers before

@@ -87,6 +87,7 @@ class JobFaults(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if getattr(trainer.datamodule, "num_workers", 0):
+            hangs.worker_dumps()  # where its workers' stacks go, for the report on a stalled one
             atexit.unregister(kill_data_workers)  # once, however many setups
             atexit.register(kill_data_workers)  # at exit, before multiprocessing's hook waits for a stuck one forever
         if trainer.world_size > 1:

@@ -4,12 +4,14 @@ the ranks that did not arrive, each rank's step and stage, and where the live on
 user's code; every thread's stack of every rank goes to a file in the run's folder (docs/reliability.md, "Who
 hung"). A rank that cannot answer (stopped, dead) is named with the last decision point every rank passed."""
 
+import atexit
 import contextlib
 import faulthandler
 import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -33,6 +35,8 @@ _LIBRARIES = tuple(sysconfig.get_paths()[name] for name in ("stdlib", "platstdli
 PROJECT = str(Path(__file__).resolve().parents[2])
 _WAITING = (f"torch{os.sep}distributed{os.sep}", f"torch{os.sep}autograd{os.sep}")  # a rank in a collective is here
 STACK_DUMP = signal.SIGRTMIN + 2  # a data worker writes its threads' stacks (faulthandler) to its file on this
+WORKER_DUMPS = "FASHION_MNIST_WORKER_DUMPS"  # the folder of those files: the rank's own (worker_dumps)
+_dumps: Optional[str] = None
 STAGES = {"train": "training step", "sanity_check": "validation sanity check", "validate": "validation",
           "test": "test", "predict": "predict"}
 
@@ -210,13 +214,30 @@ def write_stacks(folder: Optional[str], stacks: Sequence[Tuple[str, str]], lines
     return path
 
 
+def worker_dumps() -> None:
+    """Before a rank starts its data workers: a folder of its own for their stacks (``mkdtemp``: a name no other
+    process or user on the host has), told to them in the environment whatever their start method, and removed with
+    what is in it when the rank exits."""
+    global _dumps
+    if _dumps is None:
+        _dumps = tempfile.mkdtemp(prefix="fashion-mnist-workers-")
+        atexit.register(shutil.rmtree, _dumps, ignore_errors=True)
+    os.environ[WORKER_DUMPS] = _dumps
+
+
 def _worker_file(pid: int) -> Path:
-    return Path(tempfile.gettempdir()) / f"fashion-mnist-worker-{pid}.stack"
+    return Path(os.environ.get(WORKER_DUMPS, "")) / f"{pid}.stack"
 
 
 def dump_on_signal() -> None:
-    """In a data worker (``worker_init_fn``): on :data:`STACK_DUMP`, its threads' stacks go to its file."""
-    handle = open(_worker_file(os.getpid()), "w")  # open while the worker lives: faulthandler writes from C
+    """In a data worker (``worker_init_fn``): on :data:`STACK_DUMP`, its threads' stacks go to its file in its rank's
+    folder; nothing where the rank made none (no JobFaults to read them) or it is gone."""
+    if WORKER_DUMPS not in os.environ:
+        return
+    try:
+        handle = open(_worker_file(os.getpid()), "w")  # open while the worker lives: faulthandler writes from C
+    except OSError:  # the folder is gone: a variable left from a process that ended
+        return
     faulthandler.register(STACK_DUMP, file=handle, all_threads=True, chain=False)
 
 
