@@ -20,10 +20,6 @@ class Owner(Callback):
         self.calls: Dict[str, tuple] = {hook: tuple(getattr(part, hook) for part in self.parts
                                                     if is_overridden(hook, part, Callback)) for hook in HOOKS}
 
-    def part(self, kind: type) -> Optional[Callback]:
-        """Its part of ``kind``, if it has one."""
-        return next((part for part in self.parts if isinstance(part, kind)), None)
-
     def state_dict(self) -> Dict[str, Any]:
         return {part.state_key: state for part in self.parts if (state := part.state_dict())}
 

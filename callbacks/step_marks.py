@@ -129,11 +129,6 @@ class StepTimer:
         self._current = {"at": {"previous_end": self._last_end, "start": self.clock()}, "window": window,
                          "buckets": 0, "gradient_bytes": 0, "collectives": []}
 
-    @property
-    def timing(self) -> bool:
-        """Whether the batch in hand is timed (sampled, not paused)."""
-        return self._current is not None
-
     def _mark(self, name: str) -> None:
         if self._current is not None:
             self._current["at"][name] = self.clock()
@@ -202,7 +197,6 @@ class StepTimer:
             return hook(state, bucket)
 
         return timed
-
 
     def collective(self, run: Callable, *args, **kwargs):
         """``run(*args, **kwargs)``, its span marked on timed batches."""
