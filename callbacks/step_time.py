@@ -140,16 +140,11 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
         busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=estimated)
 
 
-def window_vector(window: RankEpoch) -> List[float]:
-    """What a rank sends of one window: its parts, then its overlapped seconds."""
-    return [*window.parts.values(), window.overlapped_s]
-
-
 def window_results(windows: Sequence[int], marks: Sequence[StepMarks], vectors: Sequence[Sequence[float]],
                    epochs: Sequence[RankEpoch], same_clock: bool) -> List[Tuple[int, Breakdown]]:
-    """Each window's figures over the ranks: ``vectors`` holds per rank its :func:`window_vector` of each of
-    ``windows`` in turn; ``epochs`` the ranks' per-step arrivals and spans, split by the window of each synced step
-    (this rank's ``marks`` say which: every rank trains the same steps)."""
+    """Each window's figures over the ranks: ``vectors`` holds per rank, for each of ``windows`` in turn, its parts
+    then its overlapped seconds; ``epochs`` the ranks' per-step arrivals and spans, split by the window of each
+    synced step (this rank's ``marks`` say which: every rank trains the same steps)."""
     width = len(PARTS) + 1
     step_windows = [m.window for m in marks if synced(m)]
     results = []
@@ -187,7 +182,8 @@ class EpochParts:
         epochs = [RankEpoch(dict(zip(PARTS, row[:n])), overlapped_s=row[n], gradient_bytes=int(row[n + 1]),
                             buckets=int(row[n + 2]), step_std_s=row[n + 4]) for row in rows]
         steps_synced, most = int(max(row[n + 3] for row in rows)), int(max(row[n + 5] for row in rows))
-        sums = [value for group in self.windows.values() for value in window_vector(summarise(group))]
+        sums = [value for window in map(summarise, self.windows.values())
+                for value in (*window.parts.values(), window.overlapped_s)]
         pad = [NAN] * (steps_synced - len(mine.spans)) if len(rows) > 1 else []
         unused = [NAN] * ((n + 1) * (most - len(self.windows)))
         own = mine.arrivals + pad + mine.spans + pad + sums + unused
@@ -208,7 +204,7 @@ def parts_of(ranks: int) -> Tuple[str, ...]:
     return PARTS if ranks > 1 else tuple(part for part in PARTS if part not in ("comm", "wait"))
 
 
-def _columns(prefix: str, result: Breakdown) -> Dict[str, float]:
+def part_columns(prefix: str, result: Breakdown) -> Dict[str, float]:
     """``<prefix>/<part>/rank<k>`` for the parts that apply, then the slowest rank and its lead (with several)."""
     shown = parts_of(len(result.ranks))
     values = {f"{prefix}/{part}/rank{rank}": parts[part] for rank, parts in enumerate(result.ranks) for part in shown}
@@ -217,15 +213,10 @@ def _columns(prefix: str, result: Breakdown) -> Dict[str, float]:
     return values
 
 
-def window_metrics(result: Breakdown) -> Dict[str, float]:
-    """A window's columns: ``window/<part>/rank<k>`` in seconds, the slowest rank and its lead."""
-    return _columns("window", result)
-
-
 def metrics(result: Breakdown) -> Dict[str, float]:
     """The record's columns: ``time/<part>/rank<k>`` in seconds per epoch, then the run's figures; what does not
     apply (comm on one rank, DDP's buckets under fsdp, bandwidths when nothing synced) is left out, not logged as 0."""
-    values = _columns("time", result)
+    values = part_columns("time", result)
     values.update({f"time/step_std_s/rank{rank}": std for rank, std in enumerate(result.step_std_s)})
     values["time/sampled_every"] = result.sampled_every
     if result.buckets:  # DDP's comm hook saw the gradients

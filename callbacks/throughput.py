@@ -202,7 +202,7 @@ class ThroughputReport(Callback):
         if parts is not None:
             breakdown, windows = parts.combine([row[4:] for row in rows], lambda values: gather_rows(trainer, values))
             for window, result in windows:  # each window's figures at its decision step
-                log_to_loggers(trainer, step_time.window_metrics(result),
+                log_to_loggers(trainer, step_time.part_columns("window", result),
                                step=min((window + 1) * self.every, trainer.global_step) - 1)
         validated, self._validated = self._validated, False  # a stop mid-epoch (max_steps) validates nothing
         logged = trainer.callback_metrics if validated else {}
