@@ -118,24 +118,17 @@ class MetricsCSV(TensorBoardLogger):
     def finalize(self, status: str) -> None:
         """On a failure path (Lightning's ``_interrupt``) a write that fails must not raise over the failure: it is
         named in the stop line instead."""
-        if status == "success":
-            super().finalize(status)
-            return self.write_now()
         failed = None
         try:
             super().finalize(status)
             self.write_now()
         except OSError as error:
+            if status == "success":
+                raise
             failed = error
-        if failed is not None:  # out of the except block: the exception being handled is the run's, not this one
-            note_failed_write(FILE_NAME, failed)
-
-
-def note_failed_write(what: str, error: OSError) -> None:
-    """A write on a failure path failed: named in the stop line, as a note on the exception being handled."""
-    handled = sys.exc_info()[1]
-    if handled is not None:
-        handled.add_note(f"{what} not written either: {error.strerror or error}")
+        handled = sys.exc_info()[1]  # out of the except block: the exception being handled is the run's, not this one
+        if failed is not None and handled is not None:
+            handled.add_note(f"{FILE_NAME} not written either: {failed.strerror or failed}")
 
 
 def public_hparams(params: Dict[str, Any]) -> Dict[str, Any]:
