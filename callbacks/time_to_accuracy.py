@@ -13,13 +13,10 @@ PLOT_NAME = "time_to_accuracy.png"
 
 
 def plot(path: Path, records: List[EpochRecord], target: Optional[float] = None) -> bool:
-    """Accuracy against seconds, epoch numbers above the points; False when there is nothing to draw or no
-    matplotlib."""
+    """Accuracy against seconds, epoch numbers above the points; False when there is nothing to draw."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
     points = [r for r in records if r.val_acc is not None and r.cumulative_s is not None]
-    try:
-        from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
-    except ImportError:
-        return False
     if not points:
         return False
     figure = Figure(figsize=(6, 4), layout="constrained")
