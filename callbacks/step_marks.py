@@ -108,12 +108,9 @@ class StepTimer:
         self.marks, self._pending, self._current, self.batches = [], [], None, 0
         self._last_end = self.clock()
 
-    def resume_after_pause(self) -> None:
-        """Validation just ended: its time is no data wait."""
-        self._replace_last_end()
-
-    def _replace_last_end(self) -> None:
-        """A new start for the next timed batch's data time; the mark it replaces is no batch's (``batch_end``)."""
+    def restart_data_time(self) -> None:
+        """A new start for the next timed batch's data time (after validation: its time is no data wait); the mark it
+        replaces is no batch's (``batch_end``)."""
         if self._last_end is not None and self.clock.pooled:
             self.clock.release(self._last_end)
         self._last_end = self.clock()
@@ -150,7 +147,7 @@ class StepTimer:
             self._pending.append(self._current)
             self._current = None
         elif self.batches % self.sample_every == 0 and not self.paused:  # the next batch is timed: data from here
-            self._replace_last_end()
+            self.restart_data_time()
 
     def _read(self) -> None:
         """The pending batches the clock is past, as StepMarks in seconds, oldest first (it passes them in order);

@@ -182,7 +182,7 @@ class ThroughputReport(Callback):
             log_to_loggers(trainer, review_page.accuracy_band(trainer.callback_metrics.get("val/acc"), int(images)))
         self.clock.resume()
         if self.timer is not None:
-            self.timer.resume_after_pause()
+            self.timer.restart_data_time()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The epoch's record: logged (every logger, so ``metrics.csv`` holds it) and printed from the same values."""
