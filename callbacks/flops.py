@@ -141,9 +141,3 @@ class DeviceUse:
         known = (f"{DeviceUse.LABELS[1]} {si(peak, 'FLOP/s')} per device, {source}" if peak else
                  f"{DeviceUse.LABELS[1]} unknown: {source}; no MFU (give --peak_flops, FLOP/s per device)")
         return DeviceUse(flops, peak, source, (counted, known))
-
-
-def format_mfu(mfu: float) -> str:
-    """The epoch line's ending: ``, MFU = 31.4 %``, ``3.1 %``, ``0.31 %``."""
-    percent = 100 * mfu
-    return f", MFU = {percent:.{1 if percent >= 1 else 2}f} %"

@@ -15,7 +15,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from callbacks import review_page, step_marks, step_time
 from callbacks.owner import each
 from callbacks.epoch_clock import EpochClock, EpochTiming, combine_ranks
-from callbacks.flops import DeviceUse, format_mfu, peak_refusal
+from callbacks.flops import DeviceUse, peak_refusal
 from callbacks.step_marks import CudaEvents, HostClock, StepTimer
 from callbacks.run_record import EpochRecord
 
@@ -27,9 +27,12 @@ def format_epoch_line(record: EpochRecord, mfu: Optional[float] = None) -> str:
     def num(value) -> str:
         return "n/a" if value is None else f"{float(value):.3f}"
 
-    return (f"Epoch {record.epoch}: Cumulative Time = {record.cumulative_s:.3f}, Images/sec = "
-            f"{record.images_per_sec:.2f}, Val Loss = {num(record.val_loss)}, Val Acc = {num(record.val_acc)}"
-            f"{format_mfu(mfu) if mfu is not None else ''}")
+    line = (f"Epoch {record.epoch}: Cumulative Time = {record.cumulative_s:.3f}, Images/sec = "
+            f"{record.images_per_sec:.2f}, Val Loss = {num(record.val_loss)}, Val Acc = {num(record.val_acc)}")
+    if mfu is not None:
+        percent = 100 * mfu
+        line += f", MFU = {percent:.{1 if percent >= 1 else 2}f} %"  # 31.4 %, 3.1 %, 0.31 %
+    return line
 
 
 def log_to_loggers(trainer: Trainer, metrics: dict, step: Optional[int] = None) -> None:
