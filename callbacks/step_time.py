@@ -140,26 +140,6 @@ def combine(epochs: Sequence[RankEpoch], same_clock: bool = True) -> Breakdown:
         busbw_gbps=algbw * 2 * (n - 1) / n if algbw is not None else None, estimated=estimated)
 
 
-def window_results(windows: Sequence[int], marks: Sequence[StepMarks], vectors: Sequence[Sequence[float]],
-                   epochs: Sequence[RankEpoch], same_clock: bool) -> List[Tuple[int, Breakdown]]:
-    """Each window's figures over the ranks: ``vectors`` holds per rank, for each of ``windows`` in turn, its parts
-    then its overlapped seconds; ``epochs`` the ranks' per-step arrivals and spans, split by the window of each
-    synced step (this rank's ``marks`` say which: every rank trains the same steps)."""
-    width = len(PARTS) + 1
-    step_windows = [m.window for m in marks if synced(m)]
-    results = []
-    for index, window in enumerate(windows):
-        chosen = [i for i, w in enumerate(step_windows) if w == window]
-        ranks = []
-        for epoch, vector in zip(epochs, vectors):
-            mine = vector[index * width:(index + 1) * width]
-            ranks.append(RankEpoch(dict(zip(PARTS, mine)), overlapped_s=mine[-1],
-                                   arrivals=[epoch.arrivals[i] for i in chosen],
-                                   spans=[epoch.spans[i] for i in chosen]))
-        results.append((window, combine(ranks, same_clock=same_clock)))
-    return results
-
-
 class EpochParts:
     """One rank's breakdown of an epoch, handed whole to the report (callbacks/throughput.py): the row it adds to the
     report's one gather, then the ranks' figures, the epoch's and each window's, from the gathered rows."""
@@ -191,11 +171,29 @@ class EpochParts:
         steps = len(mine.arrivals + pad)
         for epoch, row in zip(epochs, gathered):
             epoch.arrivals, epoch.spans = row[:steps], row[steps:2 * steps]
-        windows = window_results(list(self.windows), self.marks, [row[2 * steps:] for row in gathered], epochs,
-                                 self.same_clock)
+        windows = self.window_results([row[2 * steps:] for row in gathered], epochs)
         result = combine(epochs, same_clock=self.same_clock)
         result.sampled_every = self.sampled_every
         return result, windows
+
+    def window_results(self, vectors: Sequence[Sequence[float]],
+                       epochs: Sequence[RankEpoch]) -> List[Tuple[int, Breakdown]]:
+        """Each window's figures over the ranks: ``vectors`` holds per rank, for each window in turn, its parts then
+        its overlapped seconds; ``epochs`` the ranks' per-step arrivals and spans, split by the window of each synced
+        step (this rank's marks say which: every rank trains the same steps)."""
+        width = len(PARTS) + 1
+        step_windows = [m.window for m in self.marks if synced(m)]
+        results = []
+        for index, window in enumerate(self.windows):
+            chosen = [i for i, w in enumerate(step_windows) if w == window]
+            ranks = []
+            for epoch, vector in zip(epochs, vectors):
+                mine = vector[index * width:(index + 1) * width]
+                ranks.append(RankEpoch(dict(zip(PARTS, mine)), overlapped_s=mine[-1],
+                                       arrivals=[epoch.arrivals[i] for i in chosen],
+                                       spans=[epoch.spans[i] for i in chosen]))
+            results.append((window, combine(ranks, same_clock=self.same_clock)))
+        return results
 
 
 def parts_of(ranks: int) -> Tuple[str, ...]:
