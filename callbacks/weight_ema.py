@@ -67,8 +67,7 @@ class WeightEMA(Callback):
         if self._average is None or self.updates == 0:
             self._average = {k: v.detach().clone() for k, v in live.items()}
         else:
-            names = list(self._average)
-            torch._foreach_lerp_([self._average[k] for k in names], [live[k] for k in names], 1.0 - self.decay)
+            torch._foreach_lerp_(list(self._average.values()), [live[k] for k in self._average], 1.0 - self.decay)
         self.updates += 1
 
     def _swap(self, pl_module: LightningModule) -> None:
