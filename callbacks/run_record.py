@@ -24,7 +24,6 @@ from callbacks.owner import each
 from lightning_modules.lr_policy import describe_run
 
 FILE_NAME = "metrics.csv"
-# TensorBoard's HPARAMS tab gets these columns, tied to scalar tags every run logs anyway.
 HPARAMS_METRICS = ("val/acc", "val/loss", "throughput/images_per_sec")
 
 
