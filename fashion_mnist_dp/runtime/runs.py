@@ -111,9 +111,6 @@ class Run:
             os.close(descriptor)
         return None
 
-    def describe(self) -> str:
-        return f"{self.name} (running: {self.holder()})" if self.holder() else self.name
-
 
 def runs_of(experiment: Path) -> List[Run]:
     """The runs of an experiment: its folders that hold a run.json."""
