@@ -166,11 +166,9 @@ def report(trainer, error: BaseException, world: int, last_point: Optional[str],
         verb = "timed out waiting" if rank == trainer.global_rank else "waited in a collective" if found["waited"] \
             else "did not arrive"
         lines.append(f"rank {rank} {verb}: at {found['at']}{where}")
-    path = write_stacks(folder, [(f"rank {rank} (host {found['host']}, pid {found['pid']}): {found['at']}",
-                                  found["stacks"]) for rank, found in sorted(answers.items())], lines)
-    if path is not None:
-        lines.append(f"every thread's stack of every rank that answered: {path}")
-    return [f"hang report: {line}" for line in lines]
+    return with_stacks(folder, [(f"rank {rank} (host {found['host']}, pid {found['pid']}): {found['at']}",
+                                 found["stacks"]) for rank, found in sorted(answers.items())], lines,
+                       "every thread's stack of every rank that answered")
 
 
 _asked: Optional[torch.distributed.Store] = None  # the store this rank asked the others through
@@ -201,17 +199,16 @@ def join_report(world: int, came: int, exited: Mapping[int, int], running: Seque
     return [f"hang report: {line}" for line in lines]
 
 
-def write_stacks(folder: Optional[str], stacks: Sequence[Tuple[str, str]], lines: Sequence[str]) -> Optional[Path]:
-    """The report and each (title, stacks) as ``hang-<UTC time>.txt`` in ``folder``; None where it cannot."""
-    if not folder:
-        return None
-    path = Path(folder) / time.strftime("hang-%Y%m%d-%H%M%S.txt", time.gmtime())
-    text = "\n".join(lines) + "\n" + "".join(f"\n=== {title}\n{text}" for title, text in stacks)
-    try:
-        path.write_text(text)
-    except OSError:
-        return None
-    return path
+def with_stacks(folder: Optional[str], stacks: Sequence[Tuple[str, str]], lines: Sequence[str], what: str
+                ) -> List[str]:
+    """The report's lines; the report and each (title, stacks) written as ``hang-<UTC time>.txt`` in ``folder``, and
+    a last line ``what: <file>``, where it can be."""
+    if folder:
+        path = Path(folder) / time.strftime("hang-%Y%m%d-%H%M%S.txt", time.gmtime())
+        with contextlib.suppress(OSError):
+            path.write_text("\n".join(lines) + "\n" + "".join(f"\n=== {title}\n{text}" for title, text in stacks))
+            lines = [*lines, f"{what}: {path}"]
+    return [f"hang report: {line}" for line in lines]
 
 
 def worker_dumps() -> None:
@@ -268,13 +265,10 @@ def worker_report(rank: int, folder: Optional[str], wait_s: float = 2.0) -> List
         where = ("did not answer" if not text else f"in {', '.join(shown(inside))}" if shown(inside)
                  else "idle, waiting for work in torch's worker loop")
         lines.append(f"rank {rank}'s data worker (pid {worker.pid}) is {where}")
-    path = write_stacks(folder, [(f"rank {rank}'s data worker (host {socket.gethostname()}, pid {pid})", text)
-                                 for pid, text in dumps.items()], lines)
     for worker in workers:
         _worker_file(worker.pid).unlink(missing_ok=True)
-    if path is not None:
-        lines.append(f"every thread's stack of its data workers: {path}")
-    return [f"hang report: {line}" for line in lines]
+    return with_stacks(folder, [(f"rank {rank}'s data worker (host {socket.gethostname()}, pid {pid})", text)
+                                for pid, text in dumps.items()], lines, "every thread's stack of its data workers")
 
 
 TRACE_ENTRIES = 2000  # collectives each rank's NCCL flight recorder keeps (a ring buffer)
