@@ -242,10 +242,8 @@ def worker_report(rank: int, folder: Optional[str], wait_s: float = 2.0) -> List
     """A rank whose data worker delivered no batch: where each of its workers is, from their own dumps."""
     workers = multiprocessing.active_children()
     for worker in workers:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(worker.pid, STACK_DUMP)
-        except OSError:
-            pass
     dumps, deadline = {}, time.monotonic() + wait_s
     while len(dumps) < len(workers) and time.monotonic() < deadline:
         for worker in workers:
