@@ -36,12 +36,10 @@ def job_keys(environ: Mapping[str, str] = os.environ) -> Tuple[str, ...]:
 
 def restarted_job(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """The job this process is a later start of (a SLURM requeue, a torchrun restart): it resumes its own run only."""
-    slurm = [key for key in job_keys(environ) if key.startswith("SLURM")]
-    torchrun = [key for key in job_keys(environ) if key.startswith("torchrun")]
-    if slurm and int(environ.get("SLURM_RESTART_COUNT") or 0) > 0:
-        return slurm[0]
-    if torchrun and int(environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0:
-        return torchrun[0]
+    for key in job_keys(environ):  # SLURM's first, then torchrun's
+        restarts = "SLURM_RESTART_COUNT" if key.startswith("SLURM") else "TORCHELASTIC_RESTART_COUNT"
+        if int(environ.get(restarts) or 0) > 0:
+            return key
     return None
 
 
