@@ -135,9 +135,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
                 raise errors.JobFault(str(error)) from error
             # gloo's interface before the process group, in every rank
             self.start_lines += [line for line in (note, slurm.gloo_interface(address)) if line]
-        if self.subcommand == "fit":
-            if self.trainer.is_global_zero and (warning := lifetime.shared_store_warning()):
-                print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
+        if self.subcommand == "fit" and self.trainer.is_global_zero and (warning := lifetime.shared_store_warning()):
+            print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
         checkpoint, self.resumed = self.resumed.checkpoint, dataclasses.replace(self.resumed, checkpoint=None)
         self.datamodule.check_workers()  # every process, before any rendezvous
