@@ -241,9 +241,8 @@ def prepare(trainer: Trainer, subcommand: str, resumed: Resume) -> None:
         for line in resumed.lines:
             print(f"train.py: {line}", file=sys.stderr, flush=True)
     checkpoint, io = resumed.checkpoint, trainer.strategy.checkpoint_io
-    done = finished_training(checkpoint, trainer.max_epochs, trainer.max_steps) if checkpoint and subcommand == "fit" \
-        else None
-    if done:
+    if checkpoint and subcommand == "fit" and (done := finished_training(checkpoint, trainer.max_epochs,
+                                                                         trainer.max_steps)):
         raise NothingToTrain(f"{resumed.path} {done}; nothing to train (raise --epochs to train on)")
     if checkpoint is not None and isinstance(io, checkpoint_io.VerifiedCheckpointIO) and \
             type(trainer.strategy).load_checkpoint is Strategy.load_checkpoint:
