@@ -60,22 +60,19 @@ def fault_of(error: BaseException) -> Optional[str]:
 
 def describe_fault(error: BaseException, rank: Optional[int] = None) -> Optional[str]:
     """The one line (without ``train.py: error:``) for a fault of the job, or None for any other exception."""
-    if not isinstance(error, RuntimeError):
+    pattern = fault_of(error)
+    if pattern is None:
         return None
-    text = one_line(error)
-    for pattern, line in FAULTS:
-        found = re.search(pattern, text)
-        if found:
-            configured = configured_timeout()
-            timeout = f"{configured.total_seconds():g}" if configured else "?"
-            values = {"waited": timeout}
-            for name, value in found.groupdict().items():
-                if value and name.endswith("_ms"):
-                    values["waited"] = f"{int(value) / 1000:g}"
-                elif value:
-                    values[name] = f"{float(value):g}" if name == "waited" else value
-            return line.format(who=f"rank {rank}" if rank is not None else "this rank", timeout=timeout, **values)
-    return None
+    configured = configured_timeout()
+    timeout = f"{configured.total_seconds():g}" if configured else "?"
+    values = {"waited": timeout}
+    for name, value in re.search(pattern, one_line(error)).groupdict().items():
+        if value and name.endswith("_ms"):
+            values["waited"] = f"{int(value) / 1000:g}"
+        elif value:
+            values[name] = f"{float(value):g}" if name == "waited" else value
+    return dict(FAULTS)[pattern].format(who=f"rank {rank}" if rank is not None else "this rank", timeout=timeout,
+                                        **values)
 
 
 class JobFaults(Callback):
