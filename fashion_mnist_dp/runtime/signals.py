@@ -259,8 +259,7 @@ class Preemption(Participant):
             digest = verify(path)  # raises CheckpointError (exit 66) if it did not read back
             check = f"sha256 {digest[:12]}, {sidecar_path(path).name}" if digest else "no sha256 (remote path)"
             message += f": checkpoint saved and verified: {path} ({check}); resume with --ckpt_path last"
-            requeued = requeue() if usr1 else None
-            if requeued:
+            if usr1 and (requeued := requeue()):
                 message += f"; {requeued}"
         children = compat.launched_children(trainer, release=True)
         stop = Preempted(message, int(exit_code), rank=trainer.global_rank, children=children)
