@@ -119,14 +119,11 @@ def rendezvous_environment_problem(environ: Mapping[str, str], gloo: bool) -> Op
 
 def route_interface(target: str) -> Optional[str]:
     """The interface the kernel routes to IPv4 ``target`` through, the one holding the route's source address (a UDP
-    socket's connect() sends nothing; Linux's SIOCGIFADDR reads each interface's address), else None."""
+    socket's connect() sends nothing), else None."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe, contextlib.suppress(OSError):
         probe.connect((target, 9))
-        for _, name in socket.if_nameindex():
-            with contextlib.suppress(OSError):  # an interface without an IPv4 address
-                ifreq = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()))
-                if socket.inet_ntoa(ifreq[20:24]) == probe.getsockname()[0]:
-                    return name
+        source = probe.getsockname()[0]
+        return next((name for _, name in socket.if_nameindex() if source in interface_addresses(name)), None)
     return None
 
 
