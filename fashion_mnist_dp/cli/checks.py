@@ -76,8 +76,7 @@ def check_devices(devices, accelerator: str, cpu_count: Optional[int], gpu_count
         visible = f"{gpu_count} visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
         allowed = f"give 1 to {gpu_count}, -1 or auto (every visible GPU), or GPU indices from 0 to {gpu_count - 1}"
         if isinstance(parsed, list):
-            bad = [d for d in parsed if not 0 <= d < gpu_count]
-            if bad or not parsed or len(set(parsed)) != len(parsed):
+            if not parsed or len(set(parsed)) != len(parsed) or not all(0 <= d < gpu_count for d in parsed):
                 raise ConfigError(f"{DEVICES_KEY} is {devices!r}: GPU indices must be distinct and visible, {visible}: "
                                   f"{allowed}")
         elif parsed == 0 or parsed < -1:
