@@ -58,15 +58,14 @@ def test_damaged_file_stops_a_ddp_launch_before_any_worker_starts(workdir, damag
     assert not (workdir / "runs").exists()
 
 
-def test_a_run_with_data_workers_leaves_nothing_in_the_temp_folder(workdir, fashion_root):
+def test_a_run_with_data_workers_leaves_nothing_in_the_temp_folder(workdir, fashion_root, shared_tmp):
     """Each data worker's stack file (read by the hang report) lives in its rank's own folder, removed at exit: runs
-    on a shared node do not pile up files in /tmp, nor meet a file of another user's run with their pid."""
-    temp = workdir / "tmp"
-    temp.mkdir()
+    on a shared node do not pile up files in /tmp, nor meet a file of another user's run with their pid. The temp
+    folder is short-named (shared_tmp): multiprocessing puts its sockets there, and pytest's own paths are too long."""
     result = run_train(["--data_dir", str(fashion_root), "--data.num_workers", "1", "--epochs", "1",
-                        "--accelerator", "cpu"], cwd=workdir, env={"TMPDIR": str(temp)})
+                        "--accelerator", "cpu"], cwd=workdir, env={"TMPDIR": str(shared_tmp)})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert [path.name for path in temp.iterdir() if path.name.startswith("fashion-mnist")] == []
+    assert [path.name for path in shared_tmp.iterdir() if path.name.startswith("fashion-mnist")] == []
 
 
 @pytest.mark.multiprocess  # asks for several ranks (refused before they start)
