@@ -14,11 +14,10 @@ PLOT_NAME = "time_to_accuracy.png"
 
 def plot(path: Path, records: List[EpochRecord], target: Optional[float] = None) -> bool:
     """Accuracy against seconds, epoch numbers above the points; False when there is nothing to draw."""
-    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
-
     points = [r for r in records if r.val_acc is not None and r.cumulative_s is not None]
     if not points:
         return False
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
     figure = Figure(figsize=(6, 4), layout="constrained")
     axes = figure.add_subplot()
     axes.plot([0.0] + [r.cumulative_s for r in points], [0.0] + [r.val_acc for r in points], marker="o")

@@ -222,17 +222,20 @@ def worker_dumps() -> None:
     os.environ[WORKER_DUMPS] = _dumps
 
 
-def _worker_file(pid: int) -> Path:
-    return Path(os.environ.get(WORKER_DUMPS, "")) / f"{pid}.stack"
+def _worker_file(pid: int) -> Optional[Path]:
+    """A worker's stack file in its rank's folder; None where the rank made none."""
+    folder = os.environ.get(WORKER_DUMPS)
+    return Path(folder) / f"{pid}.stack" if folder else None
 
 
 def dump_on_signal() -> None:
     """In a data worker (``worker_init_fn``): on :data:`STACK_DUMP`, its threads' stacks go to its file in its rank's
     folder; nothing where the rank made none (no JobFaults to read them) or it is gone."""
-    if WORKER_DUMPS not in os.environ:
+    path = _worker_file(os.getpid())
+    if path is None:
         return
     try:
-        handle = open(_worker_file(os.getpid()), "w")  # open while the worker lives: faulthandler writes from C
+        handle = open(path, "w")  # open while the worker lives: faulthandler writes from C
     except OSError:  # the folder is gone: a variable left from a process that ended
         return
     faulthandler.register(STACK_DUMP, file=handle, all_threads=True, chain=False)
@@ -248,7 +251,7 @@ def worker_report(rank: int, folder: Optional[str], wait_s: float = 2.0) -> List
     while len(dumps) < len(workers) and time.monotonic() < deadline:
         for worker in workers:
             path = _worker_file(worker.pid)
-            if worker.pid not in dumps and path.is_file() and path.stat().st_size:
+            if worker.pid not in dumps and path and path.is_file() and path.stat().st_size:
                 time.sleep(0.05)  # faulthandler writes the whole dump at once; let it finish
                 dumps[worker.pid] = path.read_text(errors="replace")
         time.sleep(0.05)
@@ -263,8 +266,8 @@ def worker_report(rank: int, folder: Optional[str], wait_s: float = 2.0) -> List
         where = ("did not answer" if not text else f"in {', '.join(shown(inside))}" if shown(inside)
                  else "idle, waiting for work in torch's worker loop")
         lines.append(f"rank {rank}'s data worker (pid {worker.pid}) is {where}")
-    for worker in workers:
-        _worker_file(worker.pid).unlink(missing_ok=True)
+    for path in filter(None, map(_worker_file, (worker.pid for worker in workers))):
+        path.unlink(missing_ok=True)
     return with_stacks(folder, [(f"rank {rank}'s data worker (host {socket.gethostname()}, pid {pid})", text)
                                 for pid, text in dumps.items()], lines, "every thread's stack of its data workers")
 
