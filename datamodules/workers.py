@@ -24,11 +24,17 @@ def imported(path: str, argument: str):
 def run_in_workers(init_fn: Callable[[int], object], path: str, workers: int, timeout: Optional[float]) -> None:
     """``init_fn`` in ``workers`` DataLoader workers, as training starts them; MisconfigurationException naming
     ``path`` and the worker's own error if it raises there (or the workers time out after ``timeout`` s)."""
+    batches = iter(DataLoader(range(workers), num_workers=workers, timeout=timeout or 0, worker_init_fn=init_fn))
     try:
-        for _ in DataLoader(range(workers), num_workers=workers, timeout=timeout or 0, worker_init_fn=init_fn):
+        for _ in batches:
             pass
+        return
     except Exception as error:  # torch re-raises the worker's: "Caught TypeError in DataLoader worker process 0..."
         raised = str(error).strip().splitlines()[-1]  # the worker's own exception line
-        raise MisconfigurationException(
-            f"data.worker_init_fn {path} fails in a data loader worker ({raised}): give the import path of a function "
-            f"that takes the worker's id, or --data.num_workers 0") from error
+        error.__traceback__ = None  # its frames hold the iterator in a reference cycle
+    # The last reference: the iterator stops its workers now. Left to the garbage collector, its queues could close
+    # first, and a worker that ignores SIGTERM (init_data_worker does) would keep the process from exiting.
+    del batches
+    raise MisconfigurationException(
+        f"data.worker_init_fn {path} fails in a data loader worker ({raised}): give the import path of a function "
+        f"that takes the worker's id, or --data.num_workers 0")
