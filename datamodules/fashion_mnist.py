@@ -16,7 +16,7 @@ from datamodules.files import (SPLITS, check_raw_folder, default_data_dir, downl
                                raw_folder, read_header, torchvision_root)
 from datamodules.in_memory import Batch, InMemoryImages, already_batched, stratified_holdout
 from datamodules.resumable import ResumableDistributedSampler, ResumableLoader, check_position
-from datamodules.workers import imported, run_in_workers
+from datamodules.workers import check_workers, imported
 
 # Mean and standard deviation of the 60,000 training images' pixels, scaled to [0, 1].
 PIXEL_MEAN = 0.2860
@@ -121,10 +121,9 @@ class FashionMNISTDataModule(LightningDataModule):
         self._check_batch_fits(self.train_subset or left)
 
     def check_workers(self) -> None:
-        """Run ``worker_init_fn`` once in each of ``num_workers`` real workers (datamodules/workers.py): call it in
-        every process, before anything is written; a rank that skipped it would wait for its peers at the rendezvous."""
-        if self.num_workers and self._worker_init is not None:
-            run_in_workers(self._worker_init, self.worker_init_fn, self.num_workers, self.worker_timeout)
+        """The workers' temp folder and ``worker_init_fn`` (datamodules/workers.py): call it in every process, before
+        anything is written; a rank that skipped it would wait for its peers at the rendezvous."""
+        check_workers(self.num_workers, self._worker_init, self.worker_init_fn, self.worker_timeout)
 
     def _check_batch_fits(self, images: int) -> None:
         """A per-device batch larger than a device's shard of the training images never fills (and, at 70,000, the

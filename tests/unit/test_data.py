@@ -4,6 +4,7 @@ batches are served."""
 import csv
 import gzip
 import struct
+import tempfile
 import time
 from types import SimpleNamespace
 
@@ -210,6 +211,23 @@ def test_the_worker_guards_are_the_data_modules_own_arguments_given_to_its_loade
     assert capsys.readouterr().err.splitlines()[-1] == ("train.py: error: worker_init_fn 'os' is not an import path "
                                                         "of a function (package.module.function) (see python "
                                                         "train.py --help)")
+
+
+def test_a_temp_folder_too_long_for_workers_sockets_is_one_line_before_any_worker_starts(fashion_root, capsys,
+                                                                                         workdir, monkeypatch):
+    """75 bytes is the longest under which a worker can bind its socket (measured: at 76 its batch never comes and
+    the rank waited out --data.worker_timeout, then blamed data.worker_init_fn)."""
+    from datamodules.workers import check_workers
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "t" * 74)
+    check_workers(1, None, "", None)
+    monkeypatch.setattr(tempfile, "tempdir", "/" + "t" * 75)
+    check_workers(0, None, "", None)  # no workers, no sockets
+    assert main(["--data_dir", str(fashion_root), "--data.num_workers", "2", "--epochs", "1"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"train.py: error: data loader workers cannot use the temp folder /{'t' * 75} (76 bytes): their sockets go "
+        "there, and a Unix socket's path holds 107 bytes; set TMPDIR to a folder of at most 75 bytes (e.g. /tmp), or "
+        "--data.num_workers 0 (see python train.py --help)")
+    assert not (workdir / "runs").exists()
 
 
 def test_how_often_a_run_validates_does_not_change_how_it_trains(workdir, fashion_root):
