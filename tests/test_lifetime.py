@@ -181,13 +181,14 @@ def test_a_stopped_rank_is_named_with_the_last_decision_point_it_passed(tmp_path
 
 
 @pytest.mark.multiprocess
-def test_a_stalled_data_worker_ends_the_job_with_one_line_within_the_bound(tmp_path, fashion_root):
+def test_a_stalled_data_worker_ends_the_job_with_one_line_within_the_bound(tmp_path, fashion_root, shared_tmp):
     """--data.num_workers 1: rank 1's worker stops delivering at its 3rd batch. Rank 1 waits half the collective
     timeout for its batch (torch would wait forever), says so in one line and exits 75; rank 0 ends with it,
-    and no worker is left behind (a stuck worker ignores SIGTERM; the rank kills it at exit)."""
+    and no worker is left behind (a stuck worker ignores SIGTERM; the rank kills it at exit). The temp folder is the
+    test's own: rank 0, SIGKILLed by Lightning's launcher, leaves its workers' folder there (docs/reliability.md)."""
     record = tmp_path / "record"
     record.mkdir()
-    env = clean_env({"SAMPLE_RECORD_DIR": str(record), TIMEOUT_ENV: str(TEST_TIMEOUT_S)})
+    env = clean_env({"SAMPLE_RECORD_DIR": str(record), TIMEOUT_ENV: str(TEST_TIMEOUT_S), "TMPDIR": str(shared_tmp)})
     (job,) = start_all([("launcher", argv(fashion_root, "--data.num_workers", "1",
                                           "--trainer.callbacks+=tests.recorder.StallDataWorker",
                                           "--trainer.callbacks.after=3"), tmp_path, env)],
