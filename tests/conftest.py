@@ -17,6 +17,28 @@ FSDP_ON_CPU = pytest.mark.skipif(not hasattr(torch.cpu.Stream, "record_event"),
                                  reason="fsdp on CPU needs torch >= 2.7; this torch gets one line instead")
 
 
+_suite_tmp = []  # the suite's temp folder, where this process made it
+
+
+def pytest_configure(config):
+    """The suite's own temp folder, TMPDIR for every process it starts (xdist's workers and theirs), removed at its
+    end: what torchrun (its log folders) and a SIGKILLed process (torch's ``pymp-*``, its data workers' folder) leave
+    goes with it, not into /tmp. Short (``/tmp/fm-tests-*``): a data worker's socket path under it holds 107 bytes.
+    pytest's own folders stay where they were (this process's temp folder is read first)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # a worker has its controller's
+    tempfile.gettempdir()
+    folder = tempfile.mkdtemp(prefix="fm-tests-")
+    os.chmod(folder, 0o1777)  # as /tmp: tests run train.py as user nobody too
+    os.environ["TMPDIR"] = folder
+    _suite_tmp.append(folder)
+
+
+def pytest_unconfigure(config):
+    for folder in _suite_tmp:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _process_count(argv) -> int:
     """How many training processes one train.py command line starts (its --devices, or --nproc-per-node)."""
     argv = [str(a) for a in argv]
