@@ -8,7 +8,6 @@ import tempfile
 from typing import Callable, Optional
 
 import torch.multiprocessing
-
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from torch.utils.data import DataLoader
 
