@@ -83,17 +83,19 @@ def test_a_worker_init_fn_that_fails_in_a_worker_is_one_line_before_any_rank_sta
     assert not (workdir / "runs").exists()
 
 
-def test_a_worker_init_fn_that_fails_after_the_default_one_ends_the_run_at_once(workdir, fashion_root):
-    """A user's own worker_init_fn that calls the default first (it ignores SIGTERM) and then raises: the failing
-    check's workers are stopped before the line, so the process exits instead of waiting on them forever."""
+@pytest.mark.parametrize("then, error", [("raise FileNotFoundError('seeds.txt')", "FileNotFoundError: seeds.txt"),
+                                         ("time.sleep(600)", "DataLoader timed out after 2.0 seconds")])
+def test_a_worker_init_fn_that_fails_after_the_default_one_ends_the_run(workdir, fashion_root, then, error):
+    """A user's own worker_init_fn that calls the default first (it ignores SIGTERM) and then raises, or is still
+    running at --data.worker_timeout: the check's workers are stopped before its line, so the process exits instead
+    of waiting on them for ever."""
     (workdir / "user_workers.py").write_text(
-        "from fashion_mnist_dp.runtime.signals import init_data_worker\n\n\n"
-        "def seed_from_file(worker_id):\n    init_data_worker(worker_id)\n"
-        "    raise FileNotFoundError('seeds.txt')\n")
+        "import time\n\nfrom fashion_mnist_dp.runtime.signals import init_data_worker\n\n\n"
+        f"def seed_from_file(worker_id):\n    init_data_worker(worker_id)\n    {then}\n")
     result = run_train(["--data_dir", str(fashion_root), "--data.worker_init_fn", "user_workers.seed_from_file",
-                        "--data.num_workers", "1", "--accelerator", "cpu"], cwd=workdir, timeout=60,
-                       env={"PYTHONPATH": str(workdir)})
+                        "--data.num_workers", "1", "--data.worker_timeout", "2", "--accelerator", "cpu"],
+                       cwd=workdir, timeout=60, env={"PYTHONPATH": str(workdir)})
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines()[-1].startswith("train.py: error: data.worker_init_fn user_workers.seed_from_file "
-                                                     "fails in a data loader worker (FileNotFoundError: seeds.txt)")
-    assert not (workdir / "runs").exists()
+                                                     f"fails in a data loader worker ({error})"), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and not (workdir / "runs").exists()
