@@ -3,7 +3,6 @@ run once in real workers, so a function that fails there (or a temp folder they 
 training, not every worker's traceback at a first batch."""
 
 import importlib
-import multiprocessing
 import os
 import tempfile
 from typing import Callable, Optional
@@ -52,22 +51,11 @@ def check_workers(workers: int, init_fn: Optional[Callable[[int], object]], path
     check_temp_folder()
     if init_fn is None:
         return
-    before = set(multiprocessing.active_children())
-    batches = iter(DataLoader(range(workers), num_workers=workers, timeout=timeout or 0, worker_init_fn=init_fn))
     try:
-        for _ in batches:
+        for _ in DataLoader(range(workers), num_workers=workers, timeout=timeout or 0, worker_init_fn=init_fn):
             pass
-        return
     except Exception as error:  # torch re-raises the worker's: "Caught TypeError in DataLoader worker process 0..."
         raised = str(error).strip().splitlines()[-1]  # the worker's own exception line
-        error.__traceback__ = None  # its frames hold the iterator in a reference cycle
-    # The last reference: the iterator stops its workers now. Left to the garbage collector, its queues could close
-    # first, and a worker that ignores SIGTERM (init_data_worker does) would keep the process from exiting; as would
-    # one still inside init_fn after the timeout, which only SIGKILL ends.
-    del batches
-    for worker in set(multiprocessing.active_children()) - before:
-        worker.kill()
-        worker.join()
-    raise MisconfigurationException(
-        f"data.worker_init_fn {path} fails in a data loader worker ({raised}): give the import path of a function "
-        f"that takes the worker's id, or --data.num_workers 0")
+        raise MisconfigurationException(
+            f"data.worker_init_fn {path} fails in a data loader worker ({raised}): give the import path of a function "
+            f"that takes the worker's id, or --data.num_workers 0") from error

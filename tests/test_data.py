@@ -87,8 +87,8 @@ def test_a_worker_init_fn_that_fails_in_a_worker_is_one_line_before_any_rank_sta
                                          ("time.sleep(600)", "DataLoader timed out after 2.0 seconds")])
 def test_a_worker_init_fn_that_fails_after_the_default_one_ends_the_run(workdir, fashion_root, then, error):
     """A user's own worker_init_fn that calls the default first (it ignores SIGTERM) and then raises, or is still
-    running at --data.worker_timeout: the check's workers are stopped before its line, so the process exits instead
-    of waiting on them for ever."""
+    running at --data.worker_timeout: the check's workers are SIGKILLed at exit, so the process exits instead of
+    waiting on them for ever."""
     (workdir / "user_workers.py").write_text(
         "import time\n\nfrom fashion_mnist_dp.runtime.signals import init_data_worker\n\n\n"
         f"def seed_from_file(worker_id):\n    init_data_worker(worker_id)\n    {then}\n")

@@ -139,6 +139,8 @@ class FashionMNISTCLI(compat.CheckpointHparamsOurs):
             print(f"train.py: warning: {warning}", file=sys.stderr, flush=True)
         resume.prepare(self.trainer, self.subcommand, self.resumed)  # ckpt_path: resumed.path since parse_arguments
         checkpoint, self.resumed = self.resumed.checkpoint, dataclasses.replace(self.resumed, checkpoint=None)
+        if self.datamodule.num_workers:  # the check's own workers too: one may be stuck in worker_init_fn
+            lifetime.kill_data_workers_at_exit()
         self.datamodule.check_workers()  # every process, before any rendezvous
         if self.trainer.local_rank == 0:
             self.datamodule.prepare_data()

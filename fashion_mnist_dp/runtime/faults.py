@@ -1,7 +1,6 @@
 """Faults of the job (a rank stuck or lost, a peer that never joined, a busy port, a stalled data worker): one line
 and exit 75 from torch's messages; docs/reliability.md, "No hang"."""
 
-import atexit
 import re
 from typing import Optional
 
@@ -11,7 +10,7 @@ from callbacks.owner import each
 
 from fashion_mnist_dp.runtime import compat, hangs
 from fashion_mnist_dp.runtime.errors import one_line
-from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers
+from fashion_mnist_dp.runtime.lifetime import configured_timeout, kill_data_workers, kill_data_workers_at_exit
 
 
 BUSY = (" is already in use on this machine (another job, or a process left from one, listens on it): unset "
@@ -85,8 +84,7 @@ class JobFaults(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if getattr(trainer.datamodule, "num_workers", 0):
             hangs.worker_dumps()  # where its workers' stacks go, for the report on a stalled one
-            atexit.unregister(kill_data_workers)  # once, however many setups
-            atexit.register(kill_data_workers)  # at exit, before multiprocessing's hook waits for a stuck one forever
+            kill_data_workers_at_exit()
         if trainer.world_size > 1:
             self.folder = trainer.log_dir  # a collective: every rank is in setup
             hangs.Watch(trainer)

@@ -1,6 +1,7 @@
 """Process lifetime: no collective waits forever, ranks die with their launcher, data workers cannot stall a rank,
 torchrun's restarts: docs/reliability.md, "No hang"."""
 
+import atexit
 import contextlib
 import multiprocessing
 import os
@@ -98,6 +99,13 @@ def kill_data_workers() -> None:
             child.kill()
     for child in children:
         child.join(timeout=5)
+
+
+def kill_data_workers_at_exit() -> None:
+    """:func:`kill_data_workers` at exit, once however often asked, before multiprocessing's exit hook (registered at
+    its import), which would wait forever for a worker that is stuck or ignores SIGTERM (init_data_worker does)."""
+    atexit.unregister(kill_data_workers)
+    atexit.register(kill_data_workers)
 
 
 def int_from(environ: Mapping[str, str], name: str) -> int:
