@@ -27,6 +27,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from fashion_mnist_dp.exit_codes import ExitCode
+from fashion_mnist_dp.runtime.lifetime import kernel, running
 
 ANSWER_WAIT_S = 10.0  # how long the reporting rank waits for the others' answers (a live rank takes milliseconds)
 CONNECT_S = 30.0  # a rank's watch connecting at set-up; the reporting rank, whose store was up, waits ANSWER_WAIT_S
@@ -116,6 +117,7 @@ class Watch:
         if client is None:
             return
         try:
+            client.set(f"pid{self.rank}", json.dumps([kernel(), os.getpid()]))  # the reporter sees if it ended
             client.wait(["ask"], timedelta(days=365))
             if client.check([f"rank{self.rank}"]):  # it saw the fault itself: it reports or ends on its own
                 return
@@ -140,17 +142,24 @@ def report(trainer, error: BaseException, world: int, last_point: Optional[str],
     frames = traceback.extract_tb(error.__traceback__)
     own = answer(trainer, trainer.global_rank, frames, waited=True)
     client, answers = store(connect_s=ANSWER_WAIT_S), {trainer.global_rank: own}
+    ends = {rank: ended(code) for rank, code in exited.items()}  # how the ranks known to have ended did
     if client is not None:
         try:
             client.set(f"rank{trainer.global_rank}", json.dumps(own))
             if client.add("reporters", 1) > 1:
                 return []  # the first rank that saw a fault reports
             client.set("ask", json.dumps({"by": trainer.global_rank}))
-            keys = [f"rank{rank}" for rank in range(world)]
+            waiting = [rank for rank in range(world) if rank not in ends]
+            # the pids of the ranks on this kernel and in this pid namespace, as their watches told the store
+            told = {rank: json.loads(client.get(f"pid{rank}")) for rank in waiting if client.check([f"pid{rank}"])}
+            here = {rank: pid for rank, (where, pid) in told.items() if where is not None and where == kernel()}
             deadline = time.monotonic() + ANSWER_WAIT_S
-            while not client.check(keys) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            answers.update({int(k[4:]): json.loads(client.get(k)) for k in keys if client.check([k])})
+            while waiting and time.monotonic() < deadline:  # a rank whose process ended cannot answer
+                ends.update({rank: f"did not answer (its process, pid {here[rank]} on this host, has ended)"
+                             for rank in waiting if rank in here and not running(here[rank])})
+                waiting = [rank for rank in waiting if rank not in ends and not client.check([f"rank{rank}"])]
+                time.sleep(0.1 if waiting else 0)
+            answers.update({r: json.loads(client.get(f"rank{r}")) for r in range(world) if client.check([f"rank{r}"])})
         except (RuntimeError, ValueError):
             pass  # the store's host stopped or died: what this rank knows itself
     global _asked
@@ -159,16 +168,16 @@ def report(trainer, error: BaseException, world: int, last_point: Optional[str],
     for rank in range(world):
         found = answers.get(rank)
         if found is None:
-            how = ended(exited[rank]) if rank in exited else "did not answer (stopped, dead, or stuck outside Python)"
+            how = ends.get(rank, "did not answer (stopped, dead, or stuck outside Python)")
             lines.append(f"rank {rank} {how}: the last decision point every rank passed was {last_point or 'none'}")
             continue
         where = f", in {', '.join(found['where'])}" if found["where"] else ""
         verb = "timed out waiting" if rank == trainer.global_rank else "waited in a collective" if found["waited"] \
             else "did not arrive"
         lines.append(f"rank {rank} {verb}: at {found['at']}{where}")
-    return with_stacks(folder, [(f"rank {rank} (host {found['host']}, pid {found['pid']}): {found['at']}",
-                                 found["stacks"]) for rank, found in sorted(answers.items())], lines,
-                       "every thread's stack of every rank that answered")
+    stacks = [(f"rank {rank} (host {found['host']}, pid {found['pid']}): {found['at']}", found["stacks"])
+              for rank, found in sorted(answers.items())]
+    return with_stacks(folder, trainer.global_rank, stacks, lines, "every thread's stack of every rank that answered")
 
 
 _asked: Optional[torch.distributed.Store] = None  # the store this rank asked the others through
@@ -199,12 +208,12 @@ def join_report(world: int, came: int, exited: Mapping[int, int], running: Seque
     return [f"hang report: {line}" for line in lines]
 
 
-def with_stacks(folder: Optional[str], stacks: Sequence[Tuple[str, str]], lines: Sequence[str], what: str
-                ) -> List[str]:
-    """The report's lines; the report and each (title, stacks) written as ``hang-<UTC time>.txt`` in ``folder``, and
-    a last line ``what: <file>``, where it can be."""
+def with_stacks(folder: Optional[str], rank: int, stacks: Sequence[Tuple[str, str]], lines: Sequence[str],
+                what: str) -> List[str]:
+    """The report's lines; the report and each (title, stacks) written as ``hang-<UTC time>-rank<rank>.txt`` in
+    ``folder`` (two ranks may report in one second), and a last line ``what: <file>``, where it can be."""
     if folder:
-        path = Path(folder) / time.strftime("hang-%Y%m%d-%H%M%S.txt", time.gmtime())
+        path = Path(folder) / time.strftime(f"hang-%Y%m%d-%H%M%S-rank{rank}.txt", time.gmtime())
         with contextlib.suppress(OSError):
             path.write_text("\n".join(lines) + "\n" + "".join(f"\n=== {title}\n{text}" for title, text in stacks))
             lines = [*lines, f"{what}: {path}"]
@@ -268,8 +277,9 @@ def worker_report(rank: int, folder: Optional[str], wait_s: float = 2.0) -> List
         lines.append(f"rank {rank}'s data worker (pid {worker.pid}) is {where}")
     for path in filter(None, map(_worker_file, (worker.pid for worker in workers))):
         path.unlink(missing_ok=True)
-    return with_stacks(folder, [(f"rank {rank}'s data worker (host {socket.gethostname()}, pid {pid})", text)
-                                for pid, text in dumps.items()], lines, "every thread's stack of its data workers")
+    host = socket.gethostname()
+    stacks = [(f"rank {rank}'s data worker (host {host}, pid {pid})", text) for pid, text in dumps.items()]
+    return with_stacks(folder, rank, stacks, lines, "every thread's stack of its data workers")
 
 
 TRACE_ENTRIES = 2000  # collectives each rank's NCCL flight recorder keeps (a ring buffer)

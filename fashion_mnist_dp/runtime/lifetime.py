@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Mapping, NoReturn, Optional
 
 import torch
@@ -106,6 +107,22 @@ def kill_data_workers_at_exit() -> None:
     its import), which would wait forever for a worker that is stuck or ignores SIGTERM (init_data_worker does)."""
     atexit.unregister(kill_data_workers)
     atexit.register(kill_data_workers)
+
+
+def kernel() -> Optional[str]:
+    """This process's kernel (its boot) and pid namespace: processes that share both can see each other's pids."""
+    try:
+        return f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()} {os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # no /proc (macOS): a rank's end is known only from its launcher
+        return None
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` of this pid namespace runs (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def int_from(environ: Mapping[str, str], name: str) -> int:

@@ -2,15 +2,19 @@
 code; its step and stage; how a rank ended; the report's lines when no other rank can answer; NCCL's flight
 recorder settings. Whole jobs that hang: tests/test_lifetime.py and the cluster tier."""
 
+import json
 import signal
+import subprocess
+import time
 import traceback
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from fashion_mnist_dp.cli import app as train
 from fashion_mnist_dp.cli.slurm import rendezvous_environment_problem
-from fashion_mnist_dp.runtime import hangs
+from fashion_mnist_dp.runtime import hangs, lifetime
 
 LIBRARY = hangs._LIBRARIES[-1]  # an installed library's folder (site-packages)
 
@@ -70,6 +74,46 @@ def test_without_a_store_the_report_names_the_others_by_the_last_decision_point(
     assert lines[3] == f"hang report: every thread's stack of every rank that answered: {stacks}"
     text = stacks.read_text()
     assert "=== rank 0 " in text and "Where it saw the fault" in text and "test_hangs.py" in text
+
+
+def a_lost_peer() -> RuntimeError:
+    try:
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:41234")
+    except RuntimeError as error:
+        return error
+
+
+@pytest.mark.parametrize("silent", [False, True], ids=["the others answered", "two live ranks silent"])
+def test_a_rank_whose_process_on_this_host_ended_is_named_at_once_not_waited_for(tmp_path, monkeypatch, silent):
+    """Each rank's watch tells the store its kernel and pid at set-up. A rank whose process on this host has ended
+    (here a zombie, as a launcher's child is until reaped) cannot answer: the report names it without waiting out
+    ANSWER_WAIT_S (under torchrun, every restart after a lost rank began 10 s later), and still waits for a rank
+    alive on this host, or on another host (where a pid says nothing here), that does not answer."""
+    server = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(hangs, "ANSWER_WAIT_S", 2.0)
+    killed, alive = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    killed.kill()
+    try:
+        client = hangs.store()
+        client.set("pid1", json.dumps([lifetime.kernel(), killed.pid]))
+        client.set("pid2", json.dumps([lifetime.kernel(), alive.pid]))
+        client.set("pid3", json.dumps(["another host", killed.pid]))
+        for rank in [] if silent else [2, 3]:
+            client.set(f"rank{rank}", json.dumps(hangs.answer(trainer(rank=rank), rank)))
+        started = time.monotonic()
+        lines = hangs.report(trainer(rank=0), a_lost_peer(), 4, "optimizer step 8 (epoch end)", str(tmp_path))
+        took = time.monotonic() - started
+    finally:
+        alive.kill()
+        killed.wait(), alive.wait()
+    assert lines[1] == (f"hang report: rank 1 did not answer (its process, pid {killed.pid} on this host, has ended): "
+                        "the last decision point every rank passed was optimizer step 8 (epoch end)")
+    how = "did not answer (stopped, dead, or stuck outside Python)" if silent else "did not arrive"
+    assert [line.startswith(f"hang report: rank {rank} {how}") for rank, line in zip([2, 3], lines[2:4])] == [True] * 2
+    assert took >= 2.0 if silent else took < 1.0
 
 
 def test_nccls_flight_recorder_is_on_with_a_bounded_buffer_under_both_names_and_dumps_into_the_folder(tmp_path):
