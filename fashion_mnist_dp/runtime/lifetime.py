@@ -110,10 +110,13 @@ def kill_data_workers_at_exit() -> None:
 
 
 def kernel() -> Optional[str]:
-    """This process's kernel (its boot) and pid namespace: processes that share both can see each other's pids."""
+    """This process's kernel (its boot) and pid namespace: processes that share both see each other's pids in /proc
+    (None where /proc is another namespace's, or missing, as on macOS: a rank's end is known from its launcher only)."""
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None
         return f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip()} {os.stat('/proc/self/ns/pid').st_ino}"
-    except OSError:  # no /proc (macOS): a rank's end is known only from its launcher
+    except OSError:
         return None
 
 

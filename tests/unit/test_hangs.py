@@ -2,9 +2,13 @@
 code; its step and stage; how a rank ended; the report's lines when no other rank can answer; NCCL's flight
 recorder settings. Whole jobs that hang: tests/test_lifetime.py and the cluster tier."""
 
+import inspect
 import json
+import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import traceback
 from types import SimpleNamespace
@@ -114,6 +118,20 @@ def test_a_rank_whose_process_on_this_host_ended_is_named_at_once_not_waited_for
     how = "did not answer (stopped, dead, or stuck outside Python)" if silent else "did not arrive"
     assert [line.startswith(f"hang report: rank {rank} {how}") for rank, line in zip([2, 3], lines[2:4])] == [True] * 2
     assert took >= 2.0 if silent else took < 1.0
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare(1)")
+def test_in_a_pid_namespace_whose_proc_is_another_namespaces_no_pid_is_compared():
+    """Under ``unshare --pid`` without its own /proc, a pid in /proc is another process's: no kernel to compare."""
+    code = ("import os\nfrom pathlib import Path\nfrom typing import Optional\n"
+            f"{inspect.getsource(lifetime.kernel)}\nprint(kernel())")
+
+    def kernel_in(*flags: str) -> str:
+        argv = ["unshare", "--pid", "--fork", *flags, sys.executable, "-c", code]
+        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+
+    assert lifetime.kernel() is not None and kernel_in() == "None"
+    assert kernel_in("--mount-proc") not in ("None", lifetime.kernel())  # its own namespace, seen in its own /proc
 
 
 def test_nccls_flight_recorder_is_on_with_a_bounded_buffer_under_both_names_and_dumps_into_the_folder(tmp_path):
