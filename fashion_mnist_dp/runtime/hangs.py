@@ -151,8 +151,8 @@ def report(trainer, error: BaseException, world: int, last_point: Optional[str],
             client.set("ask", json.dumps({"by": trainer.global_rank}))
             waiting = [rank for rank in range(world) if rank not in ends]
             # the pids of the ranks on this kernel and in this pid namespace, as their watches told the store
-            told = {rank: json.loads(client.get(f"pid{rank}")) for rank in waiting if client.check([f"pid{rank}"])}
-            here = {rank: pid for rank, (where, pid) in told.items() if where is not None and where == kernel()}
+            told, mine = {r: json.loads(client.get(f"pid{r}")) for r in waiting if client.check([f"pid{r}"])}, kernel()
+            here = {rank: pid for rank, (where, pid) in told.items() if mine is not None and where == mine}
             deadline = time.monotonic() + ANSWER_WAIT_S
             while waiting and time.monotonic() < deadline:  # a rank whose process ended cannot answer
                 ends.update({rank: f"did not answer (its process, pid {here[rank]} on this host, has ended)"
